@@ -1,0 +1,118 @@
+//! f32 operations of the forward pass, as ggml computes them on the CPU.
+
+use crate::block::f16;
+
+/// `out = x / sqrt(mean(x²) + eps) * w`. The sum of squares is kept in f64 as ggml does.
+pub fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(x.len() == w.len() && x.len() == out.len(), "rms_norm: length mismatch");
+    if x.is_empty() {
+        return;
+    }
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// In-place softmax: `x = exp(x - max) / sum`. The sum is kept in f64 as ggml does.
+pub fn softmax_ref(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SwiGLU: `out = silu(gate) * up`, `silu(g) = g / (1 + exp(-g))`.
+pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && gate.len() == out.len(), "silu_mul: length mismatch");
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
+    assert!(head_dim > 0 && x.len() % head_dim == 0, "rope: {} values are not whole heads of {}", x.len(), head_dim);
+    assert!(cs.len() % 4 == 0 && cs.len() <= head_dim * 2, "rope: bad cos/sin table length {}", cs.len());
+}
+
+/// RoPE, "normal" (LLaMA/ggml mode 0): rotates adjacent pairs `(x[2i], x[2i+1])` of each head.
+///
+/// `x` holds whole heads of `head_dim`; `cs` holds `(cos θ_i, sin θ_i)` for the first
+/// `cs.len() / 2` dimensions of a head (the rotated dims), the rest pass through.
+pub fn rope_norm_ref(x: &mut [f32], head_dim: usize, cs: &[f32]) {
+    check_rope(x, head_dim, cs);
+    for head in x.chunks_exact_mut(head_dim) {
+        for (pair, c) in head.chunks_exact_mut(2).zip(cs.chunks_exact(2)) {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * c[0] - x1 * c[1];
+            pair[1] = x0 * c[1] + x1 * c[0];
+        }
+    }
+}
+
+/// RoPE, "neox" (GPT-NeoX/Qwen2): rotates `(x[i], x[i + n_rot/2])`, `n_rot = cs.len() / 2`.
+pub fn rope_neox_ref(x: &mut [f32], head_dim: usize, cs: &[f32]) {
+    check_rope(x, head_dim, cs);
+    let half = cs.len() / 4;
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, c) in cs.chunks_exact(2).enumerate() {
+            let (x0, x1) = (head[i], head[i + half]);
+            head[i] = x0 * c[0] - x1 * c[1];
+            head[i + half] = x0 * c[1] + x1 * c[0];
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_ref(x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add: length mismatch");
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `x *= s`.
+pub fn scale_ref(x: &mut [f32], s: f32) {
+    for a in x.iter_mut() {
+        *a *= s;
+    }
+}
+
+/// `sum(a * b)` over f32.
+pub fn dot_f32_ref(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
+/// `y += s * x` over f32.
+pub fn axpy_f32_ref(y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(x.len(), y.len(), "axpy_f32: length mismatch");
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o += s * v;
+    }
+}
+
+/// `sum(a * b)` with `a` from an f16 KV cache row.
+pub fn dot_f16_ref(a: &[f16], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
+    a.iter().zip(b).map(|(&x, &y)| x.to_f32() * y).sum()
+}
+
+/// `y += s * x` with `x` from an f16 KV cache row.
+pub fn axpy_f16_ref(y: &mut [f32], s: f32, x: &[f16]) {
+    assert_eq!(x.len(), y.len(), "axpy_f16: length mismatch");
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o += s * v.to_f32();
+    }
+}

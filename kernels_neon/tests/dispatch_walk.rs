@@ -1,0 +1,293 @@
+//! Walks the dispatch table of every path this CPU can run and checks each kernel against
+//! its scalar reference. The table is destructured without `..`, so a kernel added to
+//! `Kernels` fails to compile here until it has a check.
+//!
+//! Tolerances (stated once, used everywhere):
+//! - quantizers: byte-identical to the reference;
+//! - integer parts of dot products: exact (checked through the reference on integer-valued
+//!   scales, where f32 is exact);
+//! - dot products / matrix products: `|fast - ref| <= DOT_REL * n_blocks * sum|terms|`, i.e. a
+//!   few ulps per accumulated block, for the differently ordered f32 accumulation;
+//! - f32 ops: `|fast - ref| <= OPS_REL * max(1, |ref|)`.
+
+mod common;
+
+use common::*;
+use kernels_neon::dispatch::REFERENCE;
+use kernels_neon::reference as r;
+use kernels_neon::*;
+
+const DOT_REL: f32 = 4.0 * f32::EPSILON;
+const OPS_REL: f32 = 2e-6;
+const BLOCK_COUNTS: [usize; 8] = [1, 2, 3, 7, 18, 33, 48, 1536];
+
+fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
+    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
+    B::quantize_row_ref(x, &mut y);
+    y
+}
+
+fn dequant<B: BlockFormat>(x: &[B]) -> Vec<f32> {
+    let mut y = vec![0.0; x.len() * B::BLOCK_LEN];
+    B::dequantize_row(x, &mut y);
+    y
+}
+
+/// `sum |x_i y_i|` of the dequantized operands: the scale of a dot product's rounding error.
+fn abs_dot<W: BlockFormat>(w: &[W], a: &[W::Activation]) -> f32 {
+    let (x, y) = (dequant(w), dequant(a));
+    x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>() + 1e-30
+}
+
+fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(path: Path, name: &str, fast: fn(&[f32], &mut [B])) {
+    for &nb in &BLOCK_COUNTS {
+        for seed in 0..3u64 {
+            let x = awkward(nb * B::BLOCK_LEN, seed * 1000 + nb as u64);
+            let want = quant::<B>(&x);
+            let mut got = vec![B::default(); nb];
+            fast(&x, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{path}/{name}: block {i} of {nb} differs from the reference");
+            }
+        }
+    }
+}
+
+fn check_vec_dot<W: BlockFormat>(path: Path, name: &str, fast: fn(&[W], &[W::Activation]) -> f32) {
+    for &nb in &BLOCK_COUNTS {
+        let w: Vec<W> = quant(&awkward(nb * 32, 7 + nb as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(nb * 32, 11 + nb as u64, 1.0));
+        let want = W::vec_dot_ref(&w, &a);
+        let got = fast(&w, &a);
+        let tol = DOT_REL * nb as f32 * abs_dot(&w, &a);
+        assert_close(&format!("{path}/{name} nb={nb}"), got, want, tol);
+    }
+}
+
+fn matvec_shapes() -> Vec<(usize, usize)> {
+    // (rows, blocks per row): odd row counts around any multi-row tile, and SmolLM2's shapes.
+    let mut v = vec![(1, 1), (2, 3), (3, 18), (4, 1), (5, 7), (7, 2), (8, 18), (9, 48), (17, 33), (31, 5), (64, 18)];
+    v.extend([(1536, 18), (576, 48), (49152, 18)]);
+    v
+}
+
+fn check_matvec<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatVecFn<W, W::Activation>) {
+    for (rows, nb) in matvec_shapes() {
+        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 31 + nb) as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(nb * 32, nb as u64, 1.0));
+        let mut want = vec![0.0; rows];
+        r::matvec_ref(&w, &a, &mut want);
+        let mut got = vec![f32::NAN; rows];
+        fast(&w, &a, &mut got);
+        for (i, row) in w.chunks_exact(nb).enumerate() {
+            let tol = DOT_REL * nb as f32 * abs_dot(row, &a);
+            assert_close(&format!("{path}/{name} {rows}x{nb} row {i}"), got[i], want[i], tol);
+        }
+    }
+}
+
+fn check_matmul<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatMulFn<W, W::Activation>) {
+    for (rows, nb, n_tok) in [(1, 1, 1), (3, 2, 2), (5, 7, 3), (8, 18, 4), (17, 3, 7), (33, 18, 13), (64, 48, 16), (576, 18, 33)] {
+        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows + nb * 7) as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok * 3 + nb) as u64, 1.0));
+        let mut want = vec![0.0; rows * n_tok];
+        r::matmul_ref(&w, &a, n_tok, &mut want);
+        let mut got = vec![f32::NAN; rows * n_tok];
+        fast(&w, &a, n_tok, &mut got);
+        for (ri, row) in w.chunks_exact(nb).enumerate() {
+            for (t, act) in a.chunks_exact(nb).enumerate() {
+                let tol = DOT_REL * nb as f32 * abs_dot(row, act);
+                let i = ri * n_tok + t;
+                assert_close(&format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"), got[i], want[i], tol);
+            }
+        }
+    }
+}
+
+const LENS: [usize; 12] = [1, 2, 3, 4, 7, 8, 15, 16, 17, 64, 576, 1539];
+
+fn check_unary(path: Path, name: &str, fast: fn(&mut [f32]), reference: fn(&mut [f32]), sigma: f32) {
+    for &n in &LENS {
+        let x = f32_vec(n, n as u64, sigma);
+        let (mut got, mut want) = (x.clone(), x);
+        fast(&mut got);
+        reference(&mut want);
+        assert_all_close(&format!("{path}/{name} n={n}"), &got, &want, OPS_REL);
+    }
+}
+
+fn check_kernels(k: &Kernels) {
+    // No `..`: adding a field to `Kernels` breaks this line until the field is checked below.
+    let Kernels {
+        path,
+        quantize_row_q8_0,
+        quantize_row_q8_1,
+        vec_dot_q4_0_q8_0,
+        vec_dot_q4_1_q8_1,
+        vec_dot_q8_0_q8_0,
+        matvec_q4_0_q8_0,
+        matvec_q4_1_q8_1,
+        matvec_q8_0_q8_0,
+        matmul_q4_0_q8_0,
+        matmul_q4_1_q8_1,
+        matmul_q8_0_q8_0,
+        rms_norm,
+        softmax,
+        silu_mul,
+        rope_norm,
+        rope_neox,
+        add,
+        scale,
+        dot_f32,
+        axpy_f32,
+        dot_f16,
+        axpy_f16,
+        f16_to_f32_row,
+        f32_to_f16_row,
+    } = *k;
+    let p = path;
+
+    check_quantizer::<BlockQ8_0>(p, "quantize_row_q8_0", quantize_row_q8_0);
+    check_quantizer::<BlockQ8_1>(p, "quantize_row_q8_1", quantize_row_q8_1);
+
+    check_vec_dot::<BlockQ4_0>(p, "vec_dot_q4_0_q8_0", vec_dot_q4_0_q8_0);
+    check_vec_dot::<BlockQ4_1>(p, "vec_dot_q4_1_q8_1", vec_dot_q4_1_q8_1);
+    check_vec_dot::<BlockQ8_0>(p, "vec_dot_q8_0_q8_0", vec_dot_q8_0_q8_0);
+
+    check_matvec::<BlockQ4_0>(p, "matvec_q4_0_q8_0", matvec_q4_0_q8_0);
+    check_matvec::<BlockQ4_1>(p, "matvec_q4_1_q8_1", matvec_q4_1_q8_1);
+    check_matvec::<BlockQ8_0>(p, "matvec_q8_0_q8_0", matvec_q8_0_q8_0);
+
+    check_matmul::<BlockQ4_0>(p, "matmul_q4_0_q8_0", matmul_q4_0_q8_0);
+    check_matmul::<BlockQ4_1>(p, "matmul_q4_1_q8_1", matmul_q4_1_q8_1);
+    check_matmul::<BlockQ8_0>(p, "matmul_q8_0_q8_0", matmul_q8_0_q8_0);
+
+    for &n in &LENS {
+        let x = f32_vec(n, n as u64 + 1, 2.0);
+        let w = f32_vec(n, n as u64 + 2, 1.0);
+        let (mut got, mut want) = (vec![0.0; n], vec![0.0; n]);
+        rms_norm(&x, &w, 1e-5, &mut got);
+        r::rms_norm_ref(&x, &w, 1e-5, &mut want);
+        assert_all_close(&format!("{p}/rms_norm n={n}"), &got, &want, OPS_REL);
+
+        silu_mul(&x, &w, &mut got);
+        r::silu_mul_ref(&x, &w, &mut want);
+        assert_all_close(&format!("{p}/silu_mul n={n}"), &got, &want, OPS_REL);
+
+        let (mut got, mut want) = (x.clone(), x.clone());
+        add(&mut got, &w);
+        r::add_ref(&mut want, &w);
+        assert_all_close(&format!("{p}/add n={n}"), &got, &want, 0.0);
+        scale(&mut got, 0.125);
+        r::scale_ref(&mut want, 0.125);
+        assert_all_close(&format!("{p}/scale n={n}"), &got, &want, 0.0);
+
+        let abs: f32 = x.iter().zip(&w).map(|(a, b)| (a * b).abs()).sum();
+        let tol = DOT_REL * n as f32 * abs + 1e-30;
+        assert_close(&format!("{p}/dot_f32 n={n}"), dot_f32(&x, &w), r::dot_f32_ref(&x, &w), tol);
+        let h = f16_vec(n, n as u64 + 3);
+        let habs: f32 = h.iter().zip(&w).map(|(a, b)| (a.to_f32() * b).abs()).sum();
+        let htol = DOT_REL * n as f32 * habs + 1e-30;
+        assert_close(&format!("{p}/dot_f16 n={n}"), dot_f16(&h, &w), r::dot_f16_ref(&h, &w), htol);
+
+        let (mut got, mut want) = (x.clone(), x.clone());
+        axpy_f32(&mut got, -0.75, &w);
+        r::axpy_f32_ref(&mut want, -0.75, &w);
+        assert_all_close(&format!("{p}/axpy_f32 n={n}"), &got, &want, OPS_REL);
+        let (mut got, mut want) = (x.clone(), x.clone());
+        axpy_f16(&mut got, 0.3, &h);
+        r::axpy_f16_ref(&mut want, 0.3, &h);
+        assert_all_close(&format!("{p}/axpy_f16 n={n}"), &got, &want, OPS_REL);
+
+        // Conversions are exact (f32 → f16 rounds to nearest even on every path).
+        let (mut got, mut want) = (vec![0.0f32; n], vec![0.0f32; n]);
+        f16_to_f32_row(&h, &mut got);
+        block::f16_to_f32_row(&h, &mut want);
+        assert_all_close(&format!("{p}/f16_to_f32_row n={n}"), &got, &want, 0.0);
+        let mut xs = x.clone();
+        xs.extend([65504.0, 65520.0, 1e9, -1e9, 6e-8, 2.98e-8, -0.0, f32::INFINITY]);
+        let (mut got, mut want) = (vec![f16::ZERO; xs.len()], vec![f16::ZERO; xs.len()]);
+        f32_to_f16_row(&xs, &mut got);
+        block::f32_to_f16_row(&xs, &mut want);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{p}/f32_to_f16_row n={n} [{i}] from {}", xs[i]);
+        }
+    }
+
+    check_unary(p, "softmax", softmax, r::softmax_ref, 3.0);
+    // Also softmax over masked scores (-inf) as attention produces them.
+    let mut x = f32_vec(37, 5, 4.0);
+    x[3] = f32::NEG_INFINITY;
+    x[36] = f32::NEG_INFINITY;
+    let (mut got, mut want) = (x.clone(), x);
+    softmax(&mut got);
+    r::softmax_ref(&mut want);
+    assert_all_close(&format!("{p}/softmax masked"), &got, &want, OPS_REL);
+
+    for (head_dim, n_heads, n_rot) in [(64, 9, 64), (64, 3, 64), (128, 2, 128), (8, 1, 8), (64, 2, 32), (6, 5, 4)] {
+        let x = f32_vec(head_dim * n_heads, head_dim as u64, 1.0);
+        let cs: Vec<f32> = (0..n_rot / 2)
+            .flat_map(|i| {
+                let theta = 17.0 * 10000f32.powf(-2.0 * i as f32 / n_rot as f32);
+                [theta.cos(), theta.sin()]
+            })
+            .collect();
+        for (name, fast, reference) in [
+            ("rope_norm", rope_norm, r::rope_norm_ref as fn(&mut [f32], usize, &[f32])),
+            ("rope_neox", rope_neox, r::rope_neox_ref),
+        ] {
+            let (mut got, mut want) = (x.clone(), x.clone());
+            fast(&mut got, head_dim, &cs);
+            reference(&mut want, head_dim, &cs);
+            assert_all_close(&format!("{p}/{name} d={head_dim} h={n_heads} rot={n_rot}"), &got, &want, OPS_REL);
+        }
+    }
+}
+
+#[test]
+fn every_available_path_matches_the_reference() {
+    let avail = Path::available();
+    eprintln!(
+        "kernels_neon: arch={} cpu features=[{}] paths run=[{}]",
+        std::env::consts::ARCH,
+        cpu_features().join(" "),
+        avail.iter().map(|p| p.name()).collect::<Vec<_>>().join(" ")
+    );
+    for p in avail {
+        let k = Kernels::for_path(p).expect("available path has a table");
+        assert_eq!(k.path, p, "table of {p} says it is {}", k.path);
+        check_kernels(k);
+        eprintln!("kernels_neon: path {p} matches the reference");
+    }
+}
+
+/// CI sets `EDGELLM_EXPECT_PATHS` per qemu CPU (e.g. `neon,dotprod` for cortex-a76) so that a
+/// CPU model that silently lost a feature cannot turn the ARM paths' tests into no-ops.
+#[test]
+fn expected_paths_are_detected_on_this_cpu() {
+    let Ok(expect) = std::env::var("EDGELLM_EXPECT_PATHS") else {
+        eprintln!("kernels_neon: EDGELLM_EXPECT_PATHS not set; best path here is {}", Path::best());
+        return;
+    };
+    for name in expect.split(',').filter(|s| !s.is_empty()) {
+        let p = Path::parse(name).expect("EDGELLM_EXPECT_PATHS names a known path");
+        assert!(p.is_available(), "path {p} expected on this CPU but missing {:?}", p.missing_feature());
+    }
+    if let Ok(not) = std::env::var("EDGELLM_EXPECT_NOT_PATHS") {
+        for name in not.split(',').filter(|s| !s.is_empty()) {
+            let p = Path::parse(name).expect("EDGELLM_EXPECT_NOT_PATHS names a known path");
+            assert!(!p.is_available(), "path {p} should not be available on this CPU");
+        }
+    }
+}
+
+#[test]
+fn forcing_an_unknown_or_unavailable_path_is_a_clear_error() {
+    let e = Path::parse("sse9").unwrap_err();
+    assert!(e.to_string().contains("unknown kernel path 'sse9'"), "{e}");
+    let foreign = if cfg!(target_arch = "aarch64") { Path::Avx2 } else { Path::Neon };
+    let e = Kernels::for_path(foreign).unwrap_err();
+    assert!(e.to_string().contains("needs CPU feature"), "{e}");
+    assert_eq!(Kernels::for_path(Path::Reference).unwrap().path, Path::Reference);
+    assert_eq!(REFERENCE.path, Path::Reference);
+}

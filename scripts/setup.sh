@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything edgellm's tests need on a fresh Debian 12 machine (run as root).
+# Idempotent: each step checks before it installs, so a second run costs seconds.
+#   - the aarch64 cross toolchain: Debian's rustc-web (with the arm64 std), the cross linker, qemu-user
+#   - mosquitto (MQTT broker for the front-end tests)
+#   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
+set -euo pipefail
+
+need_pkgs=()
+have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    dpkg --add-architecture arm64
+fi
+for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto unzip; do
+    have "$p" || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "setup: installing ${need_pkgs[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+echo "setup: cross toolchain ready: $(/usr/bin/rustc --version), $(qemu-aarch64-static --version | head -n1)" >&2

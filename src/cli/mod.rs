@@ -1,0 +1,39 @@
+//! Command-line front end. Each subcommand is a file with an `Args` struct and a `run`
+//! returning a [`CliResult`] whose error `main` prints once.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod kernels;
+
+/// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).
+#[derive(Parser)]
+#[command(name = "edgellm", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the CPU features and the kernel path that would be used (EDGELLM_KERNELS overrides).
+    Kernels(kernels::Args),
+}
+
+/// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Kernels(a) => kernels::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("edgellm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A user-facing error: one line, already carrying its context (file, key, field).
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;

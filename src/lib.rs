@@ -1,0 +1,6 @@
+//! edgellm: an offline LLM appliance for ARM SoCs.
+//!
+//! Layers, bottom up (an arrow never points up): `kernels_neon` (separate crate) →
+//! [`gguf`] (mmapped model files) → `model` → `engine` → front ends → CLI/daemon.
+
+pub mod gguf;
