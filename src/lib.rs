@@ -4,3 +4,4 @@
 //! [`gguf`] (mmapped model files) → `model` → `engine` → front ends → CLI/daemon.
 
 pub mod gguf;
+pub mod quantize;
