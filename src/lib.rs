@@ -3,5 +3,8 @@
 //! Layers, bottom up (an arrow never points up): `kernels_neon` (separate crate) →
 //! [`gguf`] (mmapped model files) → `model` → `engine` → front ends → CLI/daemon.
 
+pub mod engine;
 pub mod gguf;
 pub mod quantize;
+pub mod kv;
+pub mod model;

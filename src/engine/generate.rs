@@ -1,0 +1,164 @@
+//! The generate loop: reuse the session's cached prefix, process the rest of the prompt in
+//! chunks, then sample and decode one token at a time.
+
+use super::{Engine, EngineError, Sampler, Session};
+use serde::Serialize;
+use std::time::Instant;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    /// Most tokens to generate (the end-of-generation token included).
+    pub max_tokens: usize,
+    /// Also return the `top_logits` best `(id, logit)` after the prompt.
+    pub top_logits: usize,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token was produced (it is the last generated id).
+    Eog,
+    /// `max_tokens` reached.
+    Length,
+    /// The context is full.
+    ContextFull,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+/// Timings of one request, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timings {
+    /// Prompt tokens taken from the session's cache instead of being computed.
+    pub restored_tokens: usize,
+    /// Prompt tokens computed.
+    pub prompt_tokens: usize,
+    pub prompt_ms: f64,
+    /// From the call to the first generated token.
+    pub ttft_ms: f64,
+    pub decode_ms: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tps: f64,
+}
+
+/// The result of [`Engine::generate`].
+#[derive(Clone, Debug)]
+pub struct GenOutput {
+    pub generated: Vec<u32>,
+    pub finish: FinishReason,
+    pub top_logits: Vec<(u32, f32)>,
+    pub timings: Timings,
+}
+
+/// The `k` best `(id, logit)`, by logit descending, ties to the lower id.
+pub fn top_k_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    let k = k.min(v.len());
+    let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k > 0 && k < v.len() {
+        v.select_nth_unstable_by(k - 1, cmp);
+    }
+    v.truncate(k);
+    v.sort_by(cmp);
+    v
+}
+
+impl Engine {
+    /// Generates after `prompt`. Tokens the session already holds as a prefix of `prompt` are
+    /// reused (at least the last prompt token is recomputed, to get its logits). `on_token`
+    /// sees each generated id and returns `false` to stop. The decode loop allocates nothing.
+    pub fn generate(
+        &mut self,
+        s: &mut Session,
+        prompt: &[u32],
+        params: &GenParams,
+        sampler: &mut Sampler,
+        is_eog: &dyn Fn(u32) -> bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<GenOutput, EngineError> {
+        let start = Instant::now();
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() > s.kv.n_ctx() {
+            return Err(EngineError::ContextFull {
+                needed: prompt.len(),
+                n_ctx: s.kv.n_ctx(),
+            });
+        }
+        let common = s
+            .tokens()
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let reuse = common.min(prompt.len() - 1);
+        s.truncate(reuse);
+        let mut generated = Vec::with_capacity(params.max_tokens.min(s.kv.n_ctx()));
+        let mut timings = Timings {
+            restored_tokens: reuse,
+            prompt_tokens: prompt.len() - reuse,
+            ..Default::default()
+        };
+
+        let logits = self.feed(s, &prompt[reuse..])?;
+        timings.prompt_ms = ms(start);
+        let top_logits = if params.top_logits > 0 {
+            top_k_logits(logits, params.top_logits)
+        } else {
+            Vec::new()
+        };
+
+        let mut finish = FinishReason::Length;
+        let mut decode_start = None;
+        while generated.len() < params.max_tokens {
+            let logits = &mut self.arena.logits;
+            let tok = sampler.sample(logits, s.tokens());
+            generated.push(tok);
+            if generated.len() == 1 {
+                timings.ttft_ms = ms(start);
+                decode_start = Some(Instant::now());
+            }
+            let go_on = on_token(tok);
+            if is_eog(tok) {
+                finish = FinishReason::Eog;
+                break;
+            }
+            if !go_on {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if generated.len() == params.max_tokens {
+                break;
+            }
+            if s.tokens().len() >= s.kv.n_ctx() {
+                finish = FinishReason::ContextFull;
+                break;
+            }
+            self.feed(s, &[tok])?;
+        }
+        if let Some(t0) = decode_start {
+            timings.decode_ms = ms(t0);
+            let n = generated.len().saturating_sub(1);
+            if n > 0 && timings.decode_ms > 0.0 {
+                timings.decode_tps = n as f64 / (timings.decode_ms / 1000.0);
+            }
+        }
+        Ok(GenOutput {
+            generated,
+            finish,
+            top_logits,
+            timings,
+        })
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}

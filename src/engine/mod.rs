@@ -1,0 +1,203 @@
+//! The inference engine: buffers sized once at load, a persistent thread pool, sessions that
+//! own their KV cache, and the generate loop.
+
+mod generate;
+pub mod pool;
+pub mod sampler;
+
+pub use generate::{FinishReason, GenOutput, GenParams, Timings};
+pub use sampler::{Sampler, SamplingParams};
+
+use crate::kv::{KvCache, KvType};
+use crate::model::Model;
+use crate::model::forward::{Arena, forward};
+use kernels_neon::{KernelError, Kernels};
+use pool::Pool;
+use std::sync::Arc;
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(
+        "the prompt needs {needed} positions but the context holds {n_ctx} (raise --ctx, or shorten the prompt)"
+    )]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("nothing to process: the prompt is empty")]
+    EmptyPrompt,
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Kernels(#[from] KernelError),
+    #[error("cannot start worker threads: {0}")]
+    Threads(#[from] std::io::Error),
+}
+
+/// Sizes fixed at load.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Positions in the KV cache (prompt + generated).
+    pub n_ctx: usize,
+    /// Tokens per prompt chunk (the batch of one forward pass).
+    pub chunk: usize,
+    pub threads: usize,
+    pub kv_type: KvType,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            n_ctx: 2048,
+            chunk: 64,
+            threads: default_threads(),
+            kv_type: KvType::F16,
+        }
+    }
+}
+
+/// All cores this process may run on.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Largest context accepted (bounds the KV allocation; 128k positions).
+pub const MAX_CTX: usize = 1 << 17;
+/// Largest prompt chunk.
+pub const MAX_CHUNK: usize = 512;
+
+/// A conversation's state: its KV cache and the tokens whose keys and values it holds.
+pub struct Session {
+    pub kv: KvCache,
+    tokens: Vec<u32>,
+}
+
+impl Session {
+    /// Tokens whose K/V rows are in the cache, in position order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    /// Forgets every position from `n` on (keeps the first `n`).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+    }
+}
+
+/// One model, its kernels, its thread pool and its activation buffers.
+pub struct Engine {
+    model: Arc<Model>,
+    kernels: &'static Kernels,
+    pool: Pool,
+    arena: Arena,
+    cfg: EngineConfig,
+}
+
+impl Engine {
+    /// Allocates every buffer for `cfg` and starts the worker threads.
+    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Engine, EngineError> {
+        Engine::with_kernels(model, cfg, Kernels::detect()?)
+    }
+
+    /// As [`Engine::new`] with an explicit kernel table.
+    pub fn with_kernels(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        kernels: &'static Kernels,
+    ) -> Result<Engine, EngineError> {
+        if cfg.n_ctx == 0 || cfg.n_ctx > MAX_CTX {
+            return Err(EngineError::Config(format!(
+                "context {} must be in 1..={MAX_CTX}",
+                cfg.n_ctx
+            )));
+        }
+        if cfg.chunk == 0 || cfg.chunk > MAX_CHUNK {
+            return Err(EngineError::Config(format!(
+                "chunk {} must be in 1..={MAX_CHUNK}",
+                cfg.chunk
+            )));
+        }
+        if cfg.threads == 0 || cfg.threads > pool::MAX_THREADS {
+            return Err(EngineError::Config(format!(
+                "threads {} must be in 1..={}",
+                cfg.threads,
+                pool::MAX_THREADS
+            )));
+        }
+        let pool = Pool::new(cfg.threads)?;
+        let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);
+        Ok(Engine {
+            model,
+            kernels,
+            pool,
+            arena,
+            cfg,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn kernels(&self) -> &'static Kernels {
+        self.kernels
+    }
+
+    /// A new, empty session with its own KV cache (allocated here, once).
+    pub fn new_session(&self) -> Session {
+        let hp = &self.model.hp;
+        Session {
+            kv: KvCache::new(
+                hp.n_layer,
+                self.cfg.n_ctx,
+                hp.n_head_kv,
+                hp.head_dim,
+                self.cfg.kv_type,
+            ),
+            tokens: Vec::with_capacity(self.cfg.n_ctx),
+        }
+    }
+
+    /// Bytes of the activation buffers.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena.bytes()
+    }
+
+    /// Appends `tokens` to the session (in chunks) and returns the logits after the last one.
+    /// Allocates nothing.
+    pub fn feed(&mut self, s: &mut Session, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::BadToken { id, n_vocab });
+        }
+        let needed = s.tokens.len() + tokens.len();
+        if needed > s.kv.n_ctx() {
+            return Err(EngineError::ContextFull {
+                needed,
+                n_ctx: s.kv.n_ctx(),
+            });
+        }
+        let n_chunks = tokens.len().div_ceil(self.cfg.chunk);
+        for (i, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
+            let pos0 = s.tokens.len();
+            forward(
+                self.kernels,
+                &self.pool,
+                &self.model,
+                &mut self.arena,
+                &mut s.kv,
+                chunk,
+                pos0,
+                i + 1 == n_chunks,
+            );
+            s.tokens.extend_from_slice(chunk);
+        }
+        Ok(&mut self.arena.logits)
+    }
+}

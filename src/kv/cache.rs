@@ -1,0 +1,155 @@
+//! The in-RAM KV cache, laid out flat as `(layer, position, kv_dim)` and allocated once for
+//! the configured context. f16 by default (as llama.cpp), f32 on request.
+
+use kernels_neon::{Kernels, f16};
+use std::fmt;
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvType {
+    F16,
+    F32,
+}
+
+impl KvType {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+    pub fn parse(s: &str) -> Result<KvType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            _ => Err(format!("unknown KV cache type '{s}' (expected f16 or f32)")),
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        })
+    }
+}
+
+enum Store {
+    F16 { k: Vec<f16>, v: Vec<f16> },
+    F32 { k: Vec<f32>, v: Vec<f32> },
+}
+
+/// Keys and values of every layer for positions `0..n_ctx`.
+pub struct KvCache {
+    n_layer: usize,
+    n_ctx: usize,
+    kv_dim: usize,
+    head_dim: usize,
+    store: Store,
+}
+
+impl KvCache {
+    /// Allocates (zeroed) `2 × n_layer × n_ctx × n_head_kv × head_dim` elements.
+    pub fn new(
+        n_layer: usize,
+        n_ctx: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        ty: KvType,
+    ) -> KvCache {
+        let kv_dim = n_head_kv * head_dim;
+        let n = n_layer * n_ctx * kv_dim;
+        let store = match ty {
+            KvType::F16 => Store::F16 {
+                k: vec![f16::ZERO; n],
+                v: vec![f16::ZERO; n],
+            },
+            KvType::F32 => Store::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+        };
+        KvCache {
+            n_layer,
+            n_ctx,
+            kv_dim,
+            head_dim,
+            store,
+        }
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    pub fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+    pub fn ty(&self) -> KvType {
+        match self.store {
+            Store::F16 { .. } => KvType::F16,
+            Store::F32 { .. } => KvType::F32,
+        }
+    }
+
+    /// Bytes held by the cache.
+    pub fn bytes(&self) -> usize {
+        2 * self.n_layer * self.n_ctx * self.kv_dim * self.ty().bytes()
+    }
+
+    fn row(&self, l: usize, pos: usize) -> std::ops::Range<usize> {
+        let start = (l * self.n_ctx + pos) * self.kv_dim;
+        start..start + self.kv_dim
+    }
+
+    /// Writes the key and value rows of layer `l` at `pos`.
+    pub fn store(&mut self, k: &Kernels, l: usize, pos: usize, key: &[f32], value: &[f32]) {
+        let r = self.row(l, pos);
+        match &mut self.store {
+            Store::F16 { k: kc, v: vc } => {
+                (k.f32_to_f16_row)(key, &mut kc[r.clone()]);
+                (k.f32_to_f16_row)(value, &mut vc[r]);
+            }
+            Store::F32 { k: kc, v: vc } => {
+                kc[r.clone()].copy_from_slice(key);
+                vc[r].copy_from_slice(value);
+            }
+        }
+    }
+
+    /// `out[j] = scale · q · K[l][j][head g]` for positions `j in 0..out.len()`.
+    pub fn scores(&self, k: &Kernels, l: usize, g: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+        let hd = self.head_dim;
+        let off = g * hd;
+        for (j, s) in out.iter_mut().enumerate() {
+            let r = self.row(l, j);
+            let d = match &self.store {
+                Store::F16 { k: kc, .. } => (k.dot_f16)(&kc[r.start + off..r.start + off + hd], q),
+                Store::F32 { k: kc, .. } => (k.dot_f32)(&kc[r.start + off..r.start + off + hd], q),
+            };
+            *s = d * scale;
+        }
+    }
+
+    /// `out += Σ_j p[j] · V[l][j][head g]`.
+    pub fn mix_values(&self, k: &Kernels, l: usize, g: usize, p: &[f32], out: &mut [f32]) {
+        let hd = self.head_dim;
+        let off = g * hd;
+        for (j, &w) in p.iter().enumerate() {
+            let r = self.row(l, j);
+            match &self.store {
+                Store::F16 { v: vc, .. } => {
+                    (k.axpy_f16)(out, w, &vc[r.start + off..r.start + off + hd])
+                }
+                Store::F32 { v: vc, .. } => {
+                    (k.axpy_f32)(out, w, &vc[r.start + off..r.start + off + hd])
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The llama forward pass over a chunk of tokens, on buffers sized once at load.
+//!
+//! Shapes (d = n_embd, qd = n_head·head_dim, kvd = n_head_kv·head_dim, T = tokens in chunk):
+//! ```text
+//! x[T][d] = embed(tokens)
+//! per layer:  xn = rmsnorm(x)·attn_norm            [T][d]
+//!             q,k,v = xn·Wq, xn·Wk, xn·Wv (+bias)   [T][qd], [T][kvd], [T][kvd]
+//!             rope(q, k) at positions pos0..pos0+T; K/V rows → cache[layer][pos]
+//!             att[t][h] = softmax(q[t][h]·K[0..=pos]ᵀ / √hd) · V   [T][qd]
+//!             x += att·Wo;  xn = rmsnorm(x)·ffn_norm
+//!             x += (silu(xn·Wgate) ⊙ xn·Wup)·Wdown
+//! logits = rmsnorm(x[T-1])·output_norm · Woutput   [vocab]
+//! ```
+//! Matrix products run on the pool, split by rows; attention is split by (token, head). Every
+//! row and every head is computed whole by one thread, so logits do not depend on the thread
+//! count. Nothing here allocates.
+
+use super::matrix::{ActKind, ActScratch, Mat, matmul, transpose_into};
+use super::{HParams, Model, RopeType};
+use crate::engine::pool::Pool;
+use crate::kv::KvCache;
+use kernels_neon::Kernels;
+
+/// Every activation buffer of the forward pass, sized at load for `chunk` tokens.
+pub struct Arena {
+    pub chunk: usize,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `[row][tok]` output of a batched product, before transposing.
+    tmp: Vec<f32>,
+    /// Attention scores: one row of `n_ctx` per thread.
+    scores: Vec<f32>,
+    acts: ActScratch,
+    /// `(cos, sin)` for every position and rotated pair: `[n_ctx][n_rot]`.
+    rope: Vec<f32>,
+    /// Logits of the last token of the last chunk.
+    pub logits: Vec<f32>,
+}
+
+/// The rotation table, as ggml computes it: θ starts at the position and is multiplied by
+/// `base^(-2/n_rot)` once per pair (in f32, like ggml, so the angles match).
+fn rope_table(hp: &HParams, n_ctx: usize) -> Vec<f32> {
+    let n_rot = hp.n_rot;
+    let theta_scale = hp.rope_freq_base.powf(-2.0 / n_rot as f32);
+    let mut t = Vec::with_capacity(n_ctx * n_rot);
+    for p in 0..n_ctx {
+        let mut theta = p as f32 * hp.rope_freq_scale;
+        for _ in 0..n_rot / 2 {
+            t.push(theta.cos());
+            t.push(theta.sin());
+            theta *= theta_scale;
+        }
+    }
+    t
+}
+
+impl Arena {
+    /// Allocates everything a chunk of `chunk` tokens at up to `n_ctx` positions needs.
+    pub fn new(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize) -> Arena {
+        let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+        let widest = d.max(qd).max(ff);
+        Arena {
+            chunk,
+            x: vec![0.0; chunk * d],
+            xn: vec![0.0; chunk * d],
+            q: vec![0.0; chunk * qd],
+            k: vec![0.0; chunk * kvd],
+            v: vec![0.0; chunk * kvd],
+            att: vec![0.0; chunk * qd],
+            gate: vec![0.0; chunk * ff],
+            up: vec![0.0; chunk * ff],
+            tmp: vec![0.0; chunk * widest],
+            scores: vec![0.0; n_threads.max(1) * n_ctx],
+            acts: ActScratch::new(chunk, widest),
+            rope: rope_table(hp, n_ctx),
+            logits: vec![0.0; hp.n_vocab],
+        }
+    }
+
+    /// Bytes held (for `inspect` and status).
+    pub fn bytes(&self) -> usize {
+        4 * (self.x.len()
+            + self.xn.len()
+            + self.q.len()
+            + self.k.len()
+            + self.v.len()
+            + self.att.len()
+            + self.gate.len()
+            + self.up.len()
+            + self.tmp.len()
+            + self.scores.len()
+            + self.rope.len()
+            + self.logits.len())
+            + std::mem::size_of_val(&self.acts.q8_0[..])
+            + std::mem::size_of_val(&self.acts.q8_1[..])
+    }
+}
+
+fn need(ms: &[&Mat<'_>]) -> [bool; 2] {
+    [
+        ms.iter().any(|m| m.act_kind() == ActKind::Q8_0),
+        ms.iter().any(|m| m.act_kind() == ActKind::Q8_1),
+    ]
+}
+
+/// Runs the layers over `tokens` at positions `pos0..`; writes the K/V rows into `kv` and, if
+/// `want_logits`, the last token's logits into `arena.logits`. The caller checks that the
+/// tokens are in the vocabulary and fit in the chunk and the context.
+pub fn forward(
+    k: &Kernels,
+    pool: &Pool,
+    model: &Model,
+    ar: &mut Arena,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    pos0: usize,
+    want_logits: bool,
+) {
+    let hp = &model.hp;
+    let n = tokens.len();
+    debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
+    let (d, qd, kvd, hd) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim);
+
+    for (t, &tok) in tokens.iter().enumerate() {
+        model
+            .tok_embd()
+            .row_f32(tok as usize, &mut ar.x[t * d..(t + 1) * d]);
+    }
+
+    for l in 0..hp.n_layer {
+        let lw = model.layer(l);
+        for t in 0..n {
+            (k.rms_norm)(
+                &ar.x[t * d..(t + 1) * d],
+                lw.attn_norm,
+                hp.rms_eps,
+                &mut ar.xn[t * d..(t + 1) * d],
+            );
+        }
+        {
+            let a = ar
+                .acts
+                .quantize(k, &ar.xn[..n * d], n, need(&[&lw.wq, &lw.wk, &lw.wv]));
+            for (m, out, bias) in [
+                (&lw.wq, &mut ar.q, lw.bq),
+                (&lw.wk, &mut ar.k, lw.bk),
+                (&lw.wv, &mut ar.v, lw.bv),
+            ] {
+                mat_into(k, pool, m, &a, &mut ar.tmp, out);
+                if let Some(b) = bias {
+                    for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
+                        (k.add)(row, b);
+                    }
+                }
+            }
+        }
+        let n_rot2 = hp.n_rot;
+        for t in 0..n {
+            let cs = &ar.rope[(pos0 + t) * n_rot2..(pos0 + t + 1) * n_rot2];
+            let rope = match hp.rope_type {
+                RopeType::Norm => k.rope_norm,
+                RopeType::Neox => k.rope_neox,
+            };
+            rope(&mut ar.q[t * qd..(t + 1) * qd], hd, cs);
+            rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
+            kv.store(
+                k,
+                l,
+                pos0 + t,
+                &ar.k[t * kvd..(t + 1) * kvd],
+                &ar.v[t * kvd..(t + 1) * kvd],
+            );
+        }
+
+        attention(
+            k,
+            pool,
+            hp,
+            kv,
+            l,
+            &ar.q[..n * qd],
+            pos0,
+            &mut ar.att[..n * qd],
+            &mut ar.scores,
+        );
+
+        {
+            let a = ar.acts.quantize(k, &ar.att[..n * qd], n, need(&[&lw.wo]));
+            mat_into(k, pool, &lw.wo, &a, &mut ar.tmp, &mut ar.xn);
+        }
+        (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
+
+        for t in 0..n {
+            (k.rms_norm)(
+                &ar.x[t * d..(t + 1) * d],
+                lw.ffn_norm,
+                hp.rms_eps,
+                &mut ar.xn[t * d..(t + 1) * d],
+            );
+        }
+        {
+            let a = ar
+                .acts
+                .quantize(k, &ar.xn[..n * d], n, need(&[&lw.w_gate, &lw.w_up]));
+            mat_into(k, pool, &lw.w_gate, &a, &mut ar.tmp, &mut ar.gate);
+            mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
+        }
+        {
+            let nf = n * hp.n_ff;
+            let (g, u) = (&ar.gate[..nf], &mut ar.up[..nf]);
+            silu_mul_inplace(k, g, u);
+            let a = ar.acts.quantize(k, &ar.up[..nf], n, need(&[&lw.w_down]));
+            mat_into(k, pool, &lw.w_down, &a, &mut ar.tmp, &mut ar.xn);
+        }
+        (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
+    }
+
+    if want_logits {
+        let last = &ar.x[(n - 1) * d..n * d];
+        (k.rms_norm)(last, model.output_norm(), hp.rms_eps, &mut ar.xn[..d]);
+        let output = model.output();
+        let a = ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]));
+        matmul(k, pool, &output, &a, &mut ar.logits);
+    }
+}
+
+/// `up = silu(gate) · up`, through the kernel (which takes separate in/out slices).
+fn silu_mul_inplace(k: &Kernels, gate: &[f32], up: &mut [f32]) {
+    // The kernel reads `up` and writes `out`; process in stack-sized pieces to avoid aliasing
+    // without a heap buffer.
+    let mut buf = [0.0f32; 256];
+    for (g, u) in gate.chunks(256).zip(up.chunks_mut(256)) {
+        let o = &mut buf[..g.len()];
+        (k.silu_mul)(g, u, o);
+        u.copy_from_slice(o);
+    }
+}
+
+/// One matrix product into `out` as `[tok][row]`.
+fn mat_into(
+    k: &Kernels,
+    pool: &Pool,
+    m: &Mat<'_>,
+    a: &super::matrix::Acts<'_>,
+    tmp: &mut [f32],
+    out: &mut [f32],
+) {
+    let n = a.n_tok;
+    if n == 1 {
+        matmul(k, pool, m, a, &mut out[..m.rows]);
+    } else {
+        matmul(k, pool, m, a, &mut tmp[..m.rows * n]);
+        transpose_into(&tmp[..m.rows * n], m.rows, n, &mut out[..m.rows * n]);
+    }
+}
+
+/// Causal grouped-query attention of `q` (`[T][qd]`, positions `pos0..`) over the cache of
+/// layer `l`. Work items are (token, head) pairs, each computed whole by one thread.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    k: &Kernels,
+    pool: &Pool,
+    hp: &HParams,
+    kv: &KvCache,
+    l: usize,
+    q: &[f32],
+    pos0: usize,
+    att: &mut [f32],
+    scores: &mut [f32],
+) {
+    let hd = hp.head_dim;
+    let n_head = hp.n_head;
+    let group = hp.n_head / hp.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let n_ctx = kv.n_ctx();
+    pool.run_split_scratch(att, hd, scores, n_ctx, &|_, items, out, sc| {
+        for (i, item) in items.enumerate() {
+            let (t, h) = (item / n_head, item % n_head);
+            let n_pos = pos0 + t + 1;
+            let qh = &q[t * n_head * hd + h * hd..t * n_head * hd + (h + 1) * hd];
+            let s = &mut sc[..n_pos];
+            kv.scores(k, l, h / group, qh, scale, s);
+            (k.softmax)(s);
+            let o = &mut out[i * hd..(i + 1) * hd];
+            o.fill(0.0);
+            kv.mix_values(k, l, h / group, s, o);
+        }
+    });
+}

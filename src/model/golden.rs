@@ -1,0 +1,131 @@
+//! The golden forward pass: plain scalar code over the reference kernels, one token at a time,
+//! allocating freely. It is slow and obvious on purpose; the fast engine's logits are tested
+//! against it (in the spirit of llama2.c's `run.c`).
+//!
+//! It follows llama.cpp's arithmetic: activations quantized to Q8_0/Q8_1 before each quantized
+//! product (the reference quantizers), keys and values rounded to the cache type, f32 elsewhere.
+
+use super::matrix::{Mat, MatData};
+use super::{Model, RopeType};
+use crate::kv::KvType;
+use kernels_neon::reference as r;
+use kernels_neon::{BlockQ8_0, BlockQ8_1, f16};
+
+/// `y[rows] = W · x[cols]` with the reference kernels.
+fn matvec(m: &Mat<'_>, x: &[f32]) -> Vec<f32> {
+    let nb = m.cols / 32;
+    let mut y = vec![0.0f32; m.rows];
+    match m.data {
+        MatData::Q4_0(w) => {
+            let mut a = vec![BlockQ8_0::default(); nb];
+            r::quantize_row_q8_0_ref(x, &mut a);
+            r::matvec_ref(w, &a, &mut y);
+        }
+        MatData::Q8_0(w) => {
+            let mut a = vec![BlockQ8_0::default(); nb];
+            r::quantize_row_q8_0_ref(x, &mut a);
+            r::matvec_ref(w, &a, &mut y);
+        }
+        MatData::Q4_1(w) => {
+            let mut a = vec![BlockQ8_1::default(); nb];
+            r::quantize_row_q8_1_ref(x, &mut a);
+            r::matvec_ref(w, &a, &mut y);
+        }
+        MatData::F16(w) => {
+            for (o, row) in y.iter_mut().zip(w.chunks_exact(m.cols)) {
+                *o = r::dot_f16_ref(row, x);
+            }
+        }
+        MatData::F32(w) => {
+            for (o, row) in y.iter_mut().zip(w.chunks_exact(m.cols)) {
+                *o = r::dot_f32_ref(row, x);
+            }
+        }
+    }
+    y
+}
+
+fn round_kv(v: &[f32], ty: KvType) -> Vec<f32> {
+    match ty {
+        KvType::F32 => v.to_vec(),
+        KvType::F16 => v.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+/// Logits after each token of `tokens` (fed one at a time from position 0): `[T][vocab]`.
+pub fn golden_logits(model: &Model, tokens: &[u32], kv_type: KvType) -> Vec<Vec<f32>> {
+    let hp = &model.hp;
+    let (d, hd) = (hp.n_embd, hp.head_dim);
+    let group = hp.n_head / hp.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    // key_cache[layer][pos] = kv_dim values (rounded as the cache stores them); same for values.
+    let mut key_cache: Vec<Vec<Vec<f32>>> = vec![Vec::new(); hp.n_layer];
+    let mut value_cache: Vec<Vec<Vec<f32>>> = vec![Vec::new(); hp.n_layer];
+    let mut all = Vec::new();
+
+    for (pos, &tok) in tokens.iter().enumerate() {
+        // Rotation angles for this position, as ggml computes them.
+        let theta_scale = hp.rope_freq_base.powf(-2.0 / hp.n_rot as f32);
+        let mut cs = Vec::new();
+        let mut theta = pos as f32 * hp.rope_freq_scale;
+        for _ in 0..hp.n_rot / 2 {
+            cs.push(theta.cos());
+            cs.push(theta.sin());
+            theta *= theta_scale;
+        }
+        let rope = |v: &mut [f32]| match hp.rope_type {
+            RopeType::Norm => r::rope_norm_ref(v, hd, &cs),
+            RopeType::Neox => r::rope_neox_ref(v, hd, &cs),
+        };
+
+        let mut x = vec![0.0f32; d]; // [d]
+        model.tok_embd().row_f32(tok as usize, &mut x);
+
+        for l in 0..hp.n_layer {
+            let lw = model.layer(l);
+            let mut xn = vec![0.0f32; d]; // [d]
+            r::rms_norm_ref(&x, lw.attn_norm, hp.rms_eps, &mut xn);
+            let mut q = matvec(&lw.wq, &xn); // [n_head * hd]
+            let mut k = matvec(&lw.wk, &xn); // [n_head_kv * hd]
+            let mut v = matvec(&lw.wv, &xn); // [n_head_kv * hd]
+            for (y, b) in [(&mut q, lw.bq), (&mut k, lw.bk), (&mut v, lw.bv)] {
+                if let Some(b) = b {
+                    r::add_ref(y, b);
+                }
+            }
+            rope(&mut q);
+            rope(&mut k);
+            key_cache[l].push(round_kv(&k, kv_type));
+            value_cache[l].push(round_kv(&v, kv_type));
+
+            let mut att = vec![0.0f32; hp.q_dim()]; // [n_head * hd]
+            for h in 0..hp.n_head {
+                let g = h / group;
+                let qh = &q[h * hd..(h + 1) * hd];
+                let mut s: Vec<f32> = key_cache[l] // [pos + 1]
+                    .iter()
+                    .map(|kr| r::dot_f32_ref(&kr[g * hd..(g + 1) * hd], qh) * scale)
+                    .collect();
+                r::softmax_ref(&mut s);
+                let out = &mut att[h * hd..(h + 1) * hd];
+                for (p, vr) in s.iter().zip(&value_cache[l]) {
+                    r::axpy_f32_ref(out, *p, &vr[g * hd..(g + 1) * hd]);
+                }
+            }
+            let o = matvec(&lw.wo, &att); // [d]
+            r::add_ref(&mut x, &o);
+
+            r::rms_norm_ref(&x, lw.ffn_norm, hp.rms_eps, &mut xn);
+            let gate = matvec(&lw.w_gate, &xn); // [n_ff]
+            let up = matvec(&lw.w_up, &xn); // [n_ff]
+            let mut hbuf = vec![0.0f32; hp.n_ff]; // [n_ff]
+            r::silu_mul_ref(&gate, &up, &mut hbuf);
+            let down = matvec(&lw.w_down, &hbuf); // [d]
+            r::add_ref(&mut x, &down);
+        }
+        let mut xn = vec![0.0f32; d];
+        r::rms_norm_ref(&x, model.output_norm(), hp.rms_eps, &mut xn);
+        all.push(matvec(&model.output(), &xn)); // [vocab]
+    }
+    all
+}

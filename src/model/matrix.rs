@@ -1,0 +1,175 @@
+//! Typed, zero-copy views of weight matrices and the products the forward pass needs.
+
+use crate::engine::pool::Pool;
+use kernels_neon::{BlockQ8_0, BlockQ8_1, Kernels, WeightFormat};
+
+/// The data of a weight matrix, as stored in the GGUF file (row-major, `rows × cols`).
+pub use crate::gguf::TensorView as MatData;
+
+/// A weight matrix: `rows` outputs of `cols` inputs each.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: MatData<'a>,
+}
+
+/// Which quantized activation rows a matrix consumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActKind {
+    Q8_0,
+    Q8_1,
+    F32,
+}
+
+impl Mat<'_> {
+    pub fn act_kind(&self) -> ActKind {
+        match self.data {
+            MatData::Q4_0(_) | MatData::Q8_0(_) => ActKind::Q8_0,
+            MatData::Q4_1(_) => ActKind::Q8_1,
+            MatData::F16(_) | MatData::F32(_) => ActKind::F32,
+        }
+    }
+
+    /// Bytes of weights one product streams.
+    pub fn bytes(&self) -> usize {
+        match self.data {
+            MatData::Q4_0(w) => std::mem::size_of_val(w),
+            MatData::Q4_1(w) => std::mem::size_of_val(w),
+            MatData::Q8_0(w) => std::mem::size_of_val(w),
+            MatData::F16(w) => std::mem::size_of_val(w),
+            MatData::F32(w) => std::mem::size_of_val(w),
+        }
+    }
+
+    /// Copies row `r`, dequantized, into `out` (`cols` values): embedding lookup.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        match self.data {
+            MatData::Q4_0(w) => {
+                kernels_neon::reference::dequantize_row_q4_0(&w[r * c / 32..(r + 1) * c / 32], out)
+            }
+            MatData::Q4_1(w) => {
+                kernels_neon::reference::dequantize_row_q4_1(&w[r * c / 32..(r + 1) * c / 32], out)
+            }
+            MatData::Q8_0(w) => {
+                kernels_neon::reference::dequantize_row_q8_0(&w[r * c / 32..(r + 1) * c / 32], out)
+            }
+            MatData::F16(w) => kernels_neon::f16_to_f32_row(&w[r * c..(r + 1) * c], out),
+            MatData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+        }
+    }
+}
+
+/// Activations of a batch of tokens, quantized once per input and shared by every matrix that
+/// reads that input (q/k/v share one, gate/up share one).
+pub struct Acts<'s> {
+    /// `[tok][cols]` f32 (for F16/F32 weights).
+    pub f32: &'s [f32],
+    pub q8_0: &'s [BlockQ8_0],
+    pub q8_1: &'s [BlockQ8_1],
+    pub n_tok: usize,
+}
+
+/// Scratch to quantize activations into, sized for the largest input at load.
+pub struct ActScratch {
+    pub q8_0: Vec<BlockQ8_0>,
+    pub q8_1: Vec<BlockQ8_1>,
+}
+
+impl ActScratch {
+    pub fn new(max_tok: usize, max_cols: usize) -> ActScratch {
+        let blocks = max_tok * max_cols.div_ceil(32);
+        ActScratch {
+            q8_0: vec![BlockQ8_0::default(); blocks],
+            q8_1: vec![BlockQ8_1::default(); blocks],
+        }
+    }
+
+    /// Quantizes `x` (`n_tok × cols`, token-major) into the formats in `need`.
+    pub fn quantize<'s>(
+        &'s mut self,
+        k: &Kernels,
+        x: &'s [f32],
+        n_tok: usize,
+        need: [bool; 2],
+    ) -> Acts<'s> {
+        let nb = x.len() / 32;
+        if need[0] {
+            (k.quantize_row_q8_0)(x, &mut self.q8_0[..nb]);
+        }
+        if need[1] {
+            (k.quantize_row_q8_1)(x, &mut self.q8_1[..nb]);
+        }
+        Acts {
+            f32: x,
+            q8_0: &self.q8_0[..nb],
+            q8_1: &self.q8_1[..nb],
+            n_tok,
+        }
+    }
+}
+
+fn product<W: WeightFormat>(
+    k: &Kernels,
+    pool: &Pool,
+    w: &[W],
+    a: &[W::Activation],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let nb = a.len() / n_tok;
+    if n_tok == 1 {
+        let mv = W::matvec(k);
+        pool.run_split(out, 1, &|_, rows, o| {
+            mv(&w[rows.start * nb..rows.end * nb], a, o)
+        });
+    } else {
+        let mm = W::matmul(k);
+        pool.run_split(out, n_tok, &|_, rows, o| {
+            mm(&w[rows.start * nb..rows.end * nb], a, n_tok, o)
+        });
+    }
+}
+
+fn product_float(k: &Kernels, pool: &Pool, m: &Mat<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
+    let c = m.cols;
+    pool.run_split(out, n_tok, &|_, rows, o| {
+        for (ri, r) in rows.enumerate() {
+            for t in 0..n_tok {
+                let xt = &x[t * c..(t + 1) * c];
+                o[ri * n_tok + t] = match m.data {
+                    MatData::F16(w) => (k.dot_f16)(&w[r * c..(r + 1) * c], xt),
+                    MatData::F32(w) => (k.dot_f32)(&w[r * c..(r + 1) * c], xt),
+                    _ => unreachable!("quantized matrices take the block path"),
+                };
+            }
+        }
+    });
+}
+
+/// `out[r * n_tok + t] = W[r] · x[t]` (`[row][tok]`, as the kernels write it), rows split over
+/// the pool's threads. Each row is computed whole by one thread, so the result does not
+/// depend on the thread count.
+pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f32]) {
+    let n = a.n_tok;
+    let out = &mut out[..m.rows * n];
+    let nb = m.cols / 32;
+    match m.data {
+        MatData::Q4_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q4_1(w) => product(k, pool, w, &a.q8_1[..n * nb], n, out),
+        MatData::Q8_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::F16(_) | MatData::F32(_) => {
+            product_float(k, pool, m, &a.f32[..n * m.cols], n, out)
+        }
+    }
+}
+
+/// `[row][tok]` → `[tok][row]`.
+pub fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
+    for r in 0..rows {
+        for t in 0..n_tok {
+            dst[t * rows + r] = src[r * n_tok + t];
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! A loaded model: hyper-parameters, typed weight views into the mapped GGUF file, tokenizer
+//! and chat template. Immutable after load and `Send + Sync`, so sessions share it in an `Arc`.
+
+pub mod forward;
+pub mod golden;
+mod hparams;
+pub mod matrix;
+pub mod synth;
+
+pub use hparams::{HParams, RopeType};
+use matrix::{Mat, MatData};
+
+use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
+use std::path::Path;
+
+/// Errors of model loading.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("architecture '{0}' is not supported (edgellm runs llama, mistral and qwen2 graphs)")]
+    UnsupportedArch(String),
+    #[error("metadata '{key}' = {value}: {why}")]
+    BadHParam {
+        key: String,
+        value: String,
+        why: String,
+    },
+    #[error("tensor '{name}' is missing")]
+    MissingTensor { name: String },
+    #[error("tensor '{name}' has shape {found}, expected {expected}")]
+    BadShape {
+        name: String,
+        expected: String,
+        found: String,
+    },
+    #[error("tensor '{name}' is {ty}, which cannot be {role}")]
+    BadType {
+        name: String,
+        ty: String,
+        role: &'static str,
+    },
+}
+
+/// A tensor resolved at load: its index in the file's tensor table and its matrix shape.
+#[derive(Clone, Copy, Debug)]
+struct TensorRef {
+    index: usize,
+    rows: usize,
+    cols: usize,
+}
+
+struct LayerRefs {
+    attn_norm: TensorRef,
+    wq: TensorRef,
+    wk: TensorRef,
+    wv: TensorRef,
+    bq: Option<TensorRef>,
+    bk: Option<TensorRef>,
+    bv: Option<TensorRef>,
+    wo: TensorRef,
+    ffn_norm: TensorRef,
+    w_gate: TensorRef,
+    w_up: TensorRef,
+    w_down: TensorRef,
+}
+
+/// One layer's weights, viewed in place.
+pub struct LayerWeights<'a> {
+    pub attn_norm: &'a [f32],
+    pub wq: Mat<'a>,
+    pub wk: Mat<'a>,
+    pub wv: Mat<'a>,
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    pub wo: Mat<'a>,
+    pub ffn_norm: &'a [f32],
+    pub w_gate: Mat<'a>,
+    pub w_up: Mat<'a>,
+    pub w_down: Mat<'a>,
+}
+
+/// A model ready to run.
+pub struct Model {
+    gguf: Gguf,
+    pub hp: HParams,
+    tok_embd: TensorRef,
+    output_norm: TensorRef,
+    output: TensorRef,
+    layers: Vec<LayerRefs>,
+}
+
+/// How to open the model file.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Lock the weights in RAM (`mlock`): no page-out mid-answer.
+    pub mlock: bool,
+}
+
+impl Model {
+    /// Maps and checks a GGUF model: every tensor the graph needs exists with the right shape
+    /// and a type the kernels run.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let gguf = Gguf::open(path, &OpenOptions::new().mlock(opts.mlock))?;
+        Model::from_gguf(gguf)
+    }
+
+    /// Builds a model over an already opened file.
+    pub fn from_gguf(gguf: Gguf) -> Result<Model, ModelError> {
+        let n_vocab = gguf.metadata().get_array("tokenizer.ggml.tokens")?.len();
+        let hp = HParams::from_metadata(gguf.metadata(), n_vocab)?;
+        let find = |name: &str| -> Result<(usize, &TensorInfo), ModelError> {
+            gguf.tensors()
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.name == name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: name.to_string(),
+                })
+        };
+        let vector = |name: &str, len: usize| -> Result<TensorRef, ModelError> {
+            let (index, t) = find(name)?;
+            if t.ty != GgmlType::F32 {
+                return Err(ModelError::BadType {
+                    name: name.into(),
+                    ty: t.ty.name().into(),
+                    role: "a norm or bias vector (F32 only)",
+                });
+            }
+            if t.n_elements() != len as u64 {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    expected: format!("[{len}]"),
+                    found: t.shape_string(),
+                });
+            }
+            Ok(TensorRef {
+                index,
+                rows: 1,
+                cols: len,
+            })
+        };
+        let matrix = |name: &str, cols: usize, rows: usize| -> Result<TensorRef, ModelError> {
+            let (index, t) = find(name)?;
+            if t.dims.len() != 2 || t.dims[0] != cols as u64 || t.dims[1] != rows as u64 {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    expected: format!("[{cols}, {rows}]"),
+                    found: t.shape_string(),
+                });
+            }
+            match t.ty {
+                GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::F16
+                | GgmlType::F32 => {}
+                _ => {
+                    // The loader's own error names the type and suggests `edgellm quantize`.
+                    crate::gguf::tensor::check_runnable(t)?;
+                    return Err(ModelError::BadType {
+                        name: name.into(),
+                        ty: t.ty.name().into(),
+                        role: "a weight matrix",
+                    });
+                }
+            }
+            if t.ty != GgmlType::F32 && t.ty != GgmlType::F16 && cols % 32 != 0 {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    expected: "rows of whole 32-value blocks".into(),
+                    found: t.shape_string(),
+                });
+            }
+            Ok(TensorRef { index, rows, cols })
+        };
+        let opt_vector = |name: &str, len: usize| -> Result<Option<TensorRef>, ModelError> {
+            if gguf.get_tensor_info(name).is_some() {
+                vector(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+
+        let (d, qd, kvd, ff, nv) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff, hp.n_vocab);
+        let tok_embd = matrix("token_embd.weight", d, nv)?;
+        let output_norm = vector("output_norm.weight", d)?;
+        // Tied embeddings (SmolLM2): no output.weight, the embedding matrix is reused.
+        let output = if gguf.get_tensor_info("output.weight").is_some() {
+            matrix("output.weight", d, nv)?
+        } else {
+            tok_embd
+        };
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for l in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            layers.push(LayerRefs {
+                attn_norm: vector(&n("attn_norm.weight"), d)?,
+                wq: matrix(&n("attn_q.weight"), d, qd)?,
+                wk: matrix(&n("attn_k.weight"), d, kvd)?,
+                wv: matrix(&n("attn_v.weight"), d, kvd)?,
+                bq: opt_vector(&n("attn_q.bias"), qd)?,
+                bk: opt_vector(&n("attn_k.bias"), kvd)?,
+                bv: opt_vector(&n("attn_v.bias"), kvd)?,
+                wo: matrix(&n("attn_output.weight"), qd, d)?,
+                ffn_norm: vector(&n("ffn_norm.weight"), d)?,
+                w_gate: matrix(&n("ffn_gate.weight"), d, ff)?,
+                w_up: matrix(&n("ffn_up.weight"), d, ff)?,
+                w_down: matrix(&n("ffn_down.weight"), ff, d)?,
+            });
+        }
+        let model = Model {
+            gguf,
+            hp,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+        };
+        // View every tensor once now, so that later views cannot fail (alignment, length).
+        for t in model.all_refs() {
+            model.view(t)?;
+        }
+        Ok(model)
+    }
+
+    fn all_refs(&self) -> impl Iterator<Item = TensorRef> + '_ {
+        let globals = [self.tok_embd, self.output_norm, self.output];
+        let per_layer = self.layers.iter().flat_map(|l| {
+            [
+                l.attn_norm,
+                l.wq,
+                l.wk,
+                l.wv,
+                l.wo,
+                l.ffn_norm,
+                l.w_gate,
+                l.w_up,
+                l.w_down,
+            ]
+            .into_iter()
+            .chain([l.bq, l.bk, l.bv].into_iter().flatten())
+        });
+        globals.into_iter().chain(per_layer)
+    }
+
+    fn view(&self, t: TensorRef) -> Result<TensorView<'_>, GgufError> {
+        let info = &self.gguf.tensors()[t.index];
+        TensorView::new(info, self.gguf.tensor_data(info))
+    }
+
+    fn mat(&self, t: TensorRef) -> Mat<'_> {
+        let data = self
+            .view(t)
+            .expect("every tensor was viewed successfully at load");
+        Mat {
+            rows: t.rows,
+            cols: t.cols,
+            data,
+        }
+    }
+
+    fn vec(&self, t: TensorRef) -> &[f32] {
+        match self.view(t) {
+            Ok(MatData::F32(v)) => v,
+            _ => unreachable!("vectors are checked to be F32 at load"),
+        }
+    }
+
+    /// The underlying file (metadata for the tokenizer, tensor table for `inspect`).
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    pub fn tok_embd(&self) -> Mat<'_> {
+        self.mat(self.tok_embd)
+    }
+    pub fn output_norm(&self) -> &[f32] {
+        self.vec(self.output_norm)
+    }
+    pub fn output(&self) -> Mat<'_> {
+        self.mat(self.output)
+    }
+
+    /// Layer `l`'s weights (no allocation: views into the mapping).
+    pub fn layer(&self, l: usize) -> LayerWeights<'_> {
+        let r = &self.layers[l];
+        LayerWeights {
+            attn_norm: self.vec(r.attn_norm),
+            wq: self.mat(r.wq),
+            wk: self.mat(r.wk),
+            wv: self.mat(r.wv),
+            bq: r.bq.map(|t| self.vec(t)),
+            bk: r.bk.map(|t| self.vec(t)),
+            bv: r.bv.map(|t| self.vec(t)),
+            wo: self.mat(r.wo),
+            ffn_norm: self.vec(r.ffn_norm),
+            w_gate: self.mat(r.w_gate),
+            w_up: self.mat(r.w_up),
+            w_down: self.mat(r.w_down),
+        }
+    }
+
+    /// Bytes of weights one token streams (every matrix once; the embedding row aside).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let per_layer: usize = (0..self.hp.n_layer)
+            .map(|l| {
+                let w = self.layer(l);
+                [w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        per_layer + self.output().bytes()
+    }
+}
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Model>();
+};

@@ -1,0 +1,193 @@
+//! The fast engine against the golden scalar forward pass, on tiny synthetic models of every
+//! weight type and flavour, and its determinism across thread counts and chunk sizes.
+
+use edgellm::engine::{Engine, EngineConfig};
+use edgellm::gguf::GgmlType;
+use edgellm::kv::KvType;
+use edgellm::model::Model;
+use edgellm::model::golden::golden_logits;
+use edgellm::model::synth::{SynthSpec, synth_model};
+use kernels_neon::{Kernels, Path};
+use std::sync::Arc;
+
+fn tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 11) % n_vocab) as u32).collect()
+}
+
+fn engine(model: &Arc<Model>, threads: usize, chunk: usize, kv_type: KvType) -> Engine {
+    let cfg = EngineConfig {
+        n_ctx: 64,
+        chunk,
+        threads,
+        kv_type,
+    };
+    Engine::new(Arc::clone(model), cfg).expect("engine")
+}
+
+/// `max |a - b| / max(1, max |b|)`.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
+}
+
+fn specs() -> Vec<SynthSpec> {
+    let mut v = Vec::new();
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+    ] {
+        v.push(SynthSpec {
+            weight_type: ty,
+            ..Default::default()
+        });
+    }
+    v.push(SynthSpec {
+        tied: false,
+        seed: 5,
+        ..Default::default()
+    });
+    v.push(SynthSpec {
+        arch: "qwen2",
+        biases: true,
+        n_head_kv: 1,
+        seed: 9,
+        ..Default::default()
+    });
+    v
+}
+
+/// With the reference kernels the engine performs the golden pass's arithmetic in the same
+/// order, so logits after each token (fed one at a time, or in chunks) agree to 1e-5.
+#[test]
+fn engine_on_reference_kernels_matches_the_golden_forward_pass() {
+    for spec in specs() {
+        let model = Arc::new(synth_model(&spec));
+        for kv_type in [KvType::F16, KvType::F32] {
+            let toks = tokens(20, spec.n_vocab);
+            let golden = golden_logits(&model, &toks, kv_type);
+            let cfg = EngineConfig {
+                n_ctx: 64,
+                chunk: 8,
+                threads: 2,
+                kv_type,
+            };
+            let k = Kernels::for_path(Path::Reference).unwrap();
+            let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();
+            let mut s = e.new_session();
+            for (i, &t) in toks.iter().enumerate() {
+                let got = e.feed(&mut s, &[t]).unwrap().to_vec();
+                let err = rel_err(&got, &golden[i]);
+                assert!(
+                    err < 1e-5,
+                    "{spec:?} kv {kv_type}: token {i}: relative error {err}"
+                );
+            }
+            // The same prompt in chunks of 8 (3 chunks, the last partial) ends at the same logits.
+            let mut s = e.new_session();
+            let got = e.feed(&mut s, &toks).unwrap().to_vec();
+            let err = rel_err(&got, &golden[toks.len() - 1]);
+            assert!(
+                err < 1e-5,
+                "{spec:?} kv {kv_type}: chunked prompt: relative error {err}"
+            );
+        }
+    }
+}
+
+/// The SIMD paths sum in other orders; an activation that lands on a rounding boundary of the
+/// Q8 quantizer can then round the other way, a discrete step of up to 1/127 of the block's
+/// largest value. So: a looser bound, and the same greedy token.
+#[test]
+fn engine_on_every_kernel_path_stays_close_to_the_golden_pass() {
+    for spec in specs() {
+        let model = Arc::new(synth_model(&spec));
+        let toks = tokens(20, spec.n_vocab);
+        let golden = golden_logits(&model, &toks, KvType::F16);
+        for p in Path::available() {
+            let cfg = EngineConfig {
+                n_ctx: 64,
+                chunk: 8,
+                threads: 2,
+                kv_type: KvType::F16,
+            };
+            let mut e =
+                Engine::with_kernels(Arc::clone(&model), cfg, Kernels::for_path(p).unwrap())
+                    .unwrap();
+            let mut s = e.new_session();
+            for (i, &t) in toks.iter().enumerate() {
+                let got = e.feed(&mut s, &[t]).unwrap().to_vec();
+                let err = rel_err(&got, &golden[i]);
+                assert!(
+                    err < 3e-2,
+                    "{spec:?} path {p}: token {i}: relative error {err}"
+                );
+                let (a, b) = (argmax(&got), argmax(&golden[i]));
+                let margin = golden[i][b] - golden[i][a];
+                assert!(
+                    a == b || margin < 2.0 * err * 1f32.max(golden[i][b].abs()),
+                    "{spec:?} path {p}: token {i}: argmax {a} != {b}"
+                );
+            }
+        }
+    }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    edgellm::engine::sampler::argmax(v)
+}
+
+/// Every row is computed whole by one thread, so logits are bit-identical for any thread count
+/// and for any split of the prompt into chunks of the same size.
+#[test]
+fn logits_are_bit_identical_across_thread_counts() {
+    for spec in specs() {
+        let model = Arc::new(synth_model(&spec));
+        let toks = tokens(23, spec.n_vocab);
+        let run = |threads: usize| {
+            let mut e = engine(&model, threads, 16, KvType::F16);
+            let mut s = e.new_session();
+            let mut out = e.feed(&mut s, &toks).unwrap().to_vec();
+            for t in [5u32, 17, 3] {
+                out.extend_from_slice(e.feed(&mut s, &[t]).unwrap());
+            }
+            out
+        };
+        let one = run(1);
+        for threads in [2, 3, 5] {
+            let other = run(threads);
+            assert!(
+                one.iter()
+                    .zip(&other)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{spec:?}: {threads} threads differ from 1"
+            );
+        }
+    }
+}
+
+#[test]
+fn prompts_beyond_the_context_or_vocabulary_are_errors_not_panics() {
+    let spec = SynthSpec::default();
+    let model = Arc::new(synth_model(&spec));
+    let mut e = engine(&model, 1, 8, KvType::F16);
+    let mut s = e.new_session();
+    let e1 = e
+        .feed(&mut s, &tokens(65, spec.n_vocab))
+        .unwrap_err()
+        .to_string();
+    assert!(e1.contains("65 positions") && e1.contains("64"), "{e1}");
+    let e2 = e
+        .feed(&mut s, &[spec.n_vocab as u32])
+        .unwrap_err()
+        .to_string();
+    assert!(e2.contains("outside the vocabulary"), "{e2}");
+    assert!(e.feed(&mut s, &[]).is_err());
+    // The session is still usable after the errors.
+    assert!(e.feed(&mut s, &[3, 4]).is_ok());
+    assert_eq!(s.tokens(), &[3, 4]);
+}
