@@ -1,0 +1,242 @@
+//! The table for the closing note, in one command:
+//!
+//! ```text
+//! cargo bench -p kernels_neon --bench summary --features tract-peer
+//! ```
+//!
+//! It measures the machine's read bandwidth (sum of a 256 MiB u64 buffer: one thread, and all
+//! threads), then every available path's matvec at SmolLM2-135M's shapes, hot (the same matrix
+//! every call: the 0.5 MB shapes sit in L2) and cold (cycling through 128 MiB of copies, so
+//! the weights come from DRAM as in a decode step), and prints a Markdown table: kernel, path,
+//! shape, µs per call, GB/s of weights streamed (1 GB = 1e9 B), % of the one-thread read
+//! bandwidth (our kernels run on one thread) and the ratio to tract-linalg's Q4_0 matvec on
+//! the same weights and cache state (with `--features tract-peer`).
+//!
+//! Each figure is the best of 7 rounds of ~30 ms (std::time), the same statistic as the
+//! bandwidth probe, so the ratios compare like with like; absolute numbers on a shared VM
+//! are noisy, ratios measured in the same run less so. Run without `--bench` (e.g. by
+//! `cargo test --benches`) it only smoke-tests itself with tiny rounds.
+
+mod common;
+
+use common::*;
+use kernels_neon::*;
+use std::hint::black_box;
+use std::time::Duration;
+
+struct Row {
+    kernel: &'static str,
+    path: String,
+    shape: (usize, usize),
+    cold: bool,
+    bytes: usize,
+    secs: f64,
+}
+
+impl Row {
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.secs / 1e9
+    }
+}
+
+struct Timing {
+    rounds: usize,
+    round: Duration,
+    cold_total: usize,
+}
+
+impl Timing {
+    fn time(&self, f: impl FnMut()) -> f64 {
+        time_per_call(f, self.rounds, self.round)
+    }
+}
+
+/// A peer that adds its rows for a shape: `(weights, f32 activations, timing, table)`.
+type Peer<W> = fn(&[W], &[f32], &Timing, &mut Vec<Row>);
+
+fn matvec_rows<W: WeightFormat>(
+    kernel: &'static str,
+    peer: Option<Peer<W>>,
+    t: &Timing,
+    rows_out: &mut Vec<Row>,
+) {
+    let paths: Vec<&Kernels> = Path::available()
+        .into_iter()
+        .map(|p| Kernels::for_path(p).unwrap())
+        .collect();
+    for (s, &(rows, cols, _)) in MATVEC_SHAPES.iter().enumerate() {
+        let w: Vec<W> = weight_matrix(rows, cols, 100 + s as u64);
+        let x = f32_vec(cols, 200 + s as u64, 1.0);
+        let a: Vec<W::Activation> = quant(&x);
+        let mut out = vec![0.0f32; rows];
+        let bytes = bytes_of(&w);
+        let mut cold = ColdSet::with_total(&w, t.cold_total);
+        for k in &paths {
+            let mv = W::matvec(k);
+            let hot = t.time(|| mv(black_box(&w), black_box(&a), black_box(&mut out)));
+            let cold_s = t.time(|| mv(black_box(cold.next()), black_box(&a), black_box(&mut out)));
+            for (is_cold, secs) in [(false, hot), (true, cold_s)] {
+                rows_out.push(Row {
+                    kernel,
+                    path: k.name().to_string(),
+                    shape: (rows, cols),
+                    cold: is_cold,
+                    bytes,
+                    secs,
+                });
+            }
+        }
+        drop(cold);
+        if let Some(peer) = peer {
+            peer(&w, &x, t, rows_out);
+        }
+    }
+}
+
+#[cfg(feature = "tract-peer")]
+fn tract_rows(w: &[BlockQ4_0], x: &[f32], t: &Timing, rows_out: &mut Vec<Row>) {
+    use common::tract_peer::TractQ40;
+    let rows = w.len() * 32 / x.len();
+    let copies = copies_for(bytes_of(w), t.cold_total);
+    let mut peer = TractQ40::new(w, rows, x, copies).expect("tract peer");
+
+    // Outside the timed loops: tract against the exact product (tight, both f32 activations),
+    // ours against tract (loose: ours quantizes activations to Q8_0, ~0.6% on random data).
+    peer.run(0);
+    let exact = matvec_exact(w, x);
+    let e_tract = rel_l2(peer.output(), &exact);
+    assert!(
+        e_tract < 1e-4,
+        "tract's Q4_0 matvec is off the exact product by {e_tract:.2e}"
+    );
+    let best = Kernels::for_path(Path::best()).unwrap();
+    let mut ours = vec![0.0; rows];
+    (best.matvec_q4_0_q8_0)(w, &quant::<BlockQ8_0>(x), &mut ours);
+    let e_ours = rel_l2(&ours, peer.output());
+    assert!(
+        e_ours < 0.03,
+        "ours ({}) and tract's Q4_0 matvec differ by {e_ours:.2e}",
+        best.name()
+    );
+    eprintln!(
+        "tract {rows}x{}: {}; rel. L2 error vs exact {e_tract:.1e}, ours ({}) vs tract {e_ours:.1e}",
+        x.len(),
+        peer.choice.describe(),
+        best.name()
+    );
+
+    let bytes = bytes_of(w);
+    assert_eq!(
+        peer.packed_bytes, bytes,
+        "tract's packed Q4_0 should be the same bytes"
+    );
+    let hot = t.time(|| peer.run(0));
+    let mut i = 0;
+    let cold = t.time(|| {
+        i = if i + 1 == copies { 0 } else { i + 1 };
+        peer.run(i)
+    });
+    for (is_cold, secs) in [(false, hot), (true, cold)] {
+        rows_out.push(Row {
+            kernel: "matvec_q4_0_q8_0",
+            path: "tract".into(),
+            shape: (rows, x.len()),
+            cold: is_cold,
+            bytes,
+            secs,
+        });
+    }
+}
+
+/// tract-linalg's Q4_0 matvec, where the `tract-peer` feature brings it.
+fn q4_0_peer() -> Option<Peer<BlockQ4_0>> {
+    #[cfg(feature = "tract-peer")]
+    return Some(tract_rows);
+    #[cfg(not(feature = "tract-peer"))]
+    None
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let t = if full {
+        Timing {
+            rounds: 7,
+            round: Duration::from_millis(30),
+            cold_total: cold_bytes(),
+        }
+    } else {
+        Timing {
+            rounds: 1,
+            round: Duration::ZERO,
+            cold_total: 4 << 20,
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let buf = membw_buffer(if full { MEMBW_BYTES } else { 16 << 20 });
+    let passes = if full { 7 } else { 1 };
+    let bw1 = measure_read_bandwidth(&buf, 1, passes);
+    let bwn = measure_read_bandwidth(&buf, threads, passes);
+    drop(buf);
+
+    let mut rows = Vec::new();
+    matvec_rows::<BlockQ4_0>("matvec_q4_0_q8_0", q4_0_peer(), &t, &mut rows);
+    matvec_rows::<BlockQ4_1>("matvec_q4_1_q8_1", None, &t, &mut rows);
+    matvec_rows::<BlockQ8_0>("matvec_q8_0_q8_0", None, &t, &mut rows);
+
+    println!();
+    println!(
+        "kernels_neon matvec summary — {} ({}), paths: {}{}",
+        std::env::consts::ARCH,
+        cpu_features().join(" "),
+        Path::available()
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if cfg!(feature = "tract-peer") {
+            ", peer: tract-linalg 0.22"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "read bandwidth (sum of {} MiB of u64): {:.1} GB/s on 1 thread, {:.1} GB/s on {threads} threads; \
+         cold = cycling through {} MiB of weight copies; hot = the same matrix every call",
+        if full { MEMBW_BYTES >> 20 } else { 16 },
+        bw1 / 1e9,
+        bwn / 1e9,
+        t.cold_total >> 20
+    );
+    println!();
+    println!(
+        "| kernel | path | rows x cols | weights | cache | µs/call | GB/s | % of 1-thread BW | vs tract |"
+    );
+    println!("|---|---|---|---|---|---:|---:|---:|---:|");
+    for r in &rows {
+        let peer = rows.iter().find(|p| {
+            p.path == "tract" && p.kernel == r.kernel && p.shape == r.shape && p.cold == r.cold
+        });
+        let vs = match peer {
+            Some(p) => format!("{:.2}x", r.gbps() / p.gbps()),
+            None => "—".into(),
+        };
+        println!(
+            "| {} | {} | {}x{} | {:.2} MB | {} | {:.1} | {:.2} | {:.0}% | {} |",
+            r.kernel,
+            r.path,
+            r.shape.0,
+            r.shape.1,
+            r.bytes as f64 / 1e6,
+            if r.cold { "cold" } else { "hot" },
+            r.secs * 1e6,
+            r.gbps(),
+            100.0 * r.gbps() * 1e9 / bw1,
+            vs
+        );
+    }
+    println!();
+    println!(
+        "% of BW over 100 means the weights came from cache (hot rows of the small shapes); \
+         \"vs tract\" is GB/s over tract's GB/s at the same shape and cache state."
+    );
+}
