@@ -1,5 +1,50 @@
 //! x86_64 AVX2 + FMA + F16C.
+//!
+//! Safety model: the kernels are safe functions that check their slice lengths and then call
+//! a `#[target_feature(enable = "avx2,fma,f16c")]` body in an `unsafe` block. They are
+//! `pub(crate)` and reachable only through [`AVX2`], which `dispatch::Kernels::for_path`
+//! hands out only after `is_x86_feature_detected!` confirmed avx2, fma and f16c. Nothing here
+//! uses AVX-512, and nothing depends on build-time CPU flags.
+//!
+//! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
+//! - `dot`: per-block integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q8_0.
+//! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
+//!   (4 rows × 2 tokens), with a row's result independent of the tiling.
+//! - `ops`: the f32 operations, f16 conversions through F16C.
 
-use crate::dispatch::{Kernels, Path, REFERENCE};
+mod dot;
+mod matmul;
+mod ops;
+mod quant;
+mod simd;
 
-pub(crate) const AVX2: Kernels = Kernels { path: Path::Avx2, ..REFERENCE };
+use crate::dispatch::{Kernels, Path};
+
+/// The AVX2 table. Every kernel has a fast version.
+pub(crate) const AVX2: Kernels = Kernels {
+    path: Path::Avx2,
+    quantize_row_q8_0: quant::quantize_row_q8_0,
+    quantize_row_q8_1: quant::quantize_row_q8_1,
+    vec_dot_q4_0_q8_0: matmul::vec_dot_q4_0_q8_0,
+    vec_dot_q4_1_q8_1: matmul::vec_dot_q4_1_q8_1,
+    vec_dot_q8_0_q8_0: matmul::vec_dot_q8_0_q8_0,
+    matvec_q4_0_q8_0: matmul::matvec_q4_0_q8_0,
+    matvec_q4_1_q8_1: matmul::matvec_q4_1_q8_1,
+    matvec_q8_0_q8_0: matmul::matvec_q8_0_q8_0,
+    matmul_q4_0_q8_0: matmul::matmul_q4_0_q8_0,
+    matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
+    matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
+    rms_norm: ops::rms_norm,
+    softmax: ops::softmax,
+    silu_mul: ops::silu_mul,
+    rope_norm: ops::rope_norm,
+    rope_neox: ops::rope_neox,
+    add: ops::add,
+    scale: ops::scale,
+    dot_f32: ops::dot_f32,
+    axpy_f32: ops::axpy_f32,
+    dot_f16: ops::dot_f16,
+    axpy_f16: ops::axpy_f16,
+    f16_to_f32_row: ops::f16_to_f32_row,
+    f32_to_f16_row: ops::f32_to_f16_row,
+};

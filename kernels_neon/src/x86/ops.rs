@@ -1,0 +1,398 @@
+//! f32 operations of the forward pass (AVX2 + FMA + F16C).
+//!
+//! Element-wise ops (`add`, `scale`, `axpy_*`, `rms_norm`'s output, the conversions) round
+//! exactly like the references; reductions differ only in summation order (sums that ggml
+//! keeps in f64 are kept in f64 here too); `exp` is the polynomial of [`exp_ps`].
+
+use super::simd::{
+    acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
+};
+use crate::block::f16;
+use std::arch::x86_64::*;
+
+macro_rules! avx2_entry {
+    ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+        $(#[$m])*
+        pub(crate) fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
+            // `is_x86_feature_detected!` confirmed avx2, fma and f16c. Lengths are checked in
+            // the body before any access.
+            unsafe { $body($($arg),*) }
+        }
+    };
+}
+
+avx2_entry!(
+    /// `out = x / sqrt(mean(x²) + eps) * w`, sum of squares in f64.
+    rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_body
+);
+avx2_entry!(
+    /// In-place softmax, sum in f64.
+    softmax(x: &mut [f32]) => softmax_body
+);
+avx2_entry!(
+    /// `out = gate / (1 + exp(-gate)) * up`.
+    silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) => silu_mul_body
+);
+avx2_entry!(
+    /// RoPE on adjacent pairs.
+    rope_norm(x: &mut [f32], head_dim: usize, cs: &[f32]) => rope_norm_body
+);
+avx2_entry!(
+    /// RoPE NeoX-style.
+    rope_neox(x: &mut [f32], head_dim: usize, cs: &[f32]) => rope_neox_body
+);
+avx2_entry!(
+    /// `x += y`.
+    add(x: &mut [f32], y: &[f32]) => add_body
+);
+avx2_entry!(
+    /// `x *= s`.
+    scale(x: &mut [f32], s: f32) => scale_body
+);
+avx2_entry!(
+    /// `sum(a * b)`.
+    dot_f32(a: &[f32], b: &[f32]) -> f32 => dot_f32_body
+);
+avx2_entry!(
+    /// `y += s * x`.
+    axpy_f32(y: &mut [f32], s: f32, x: &[f32]) => axpy_f32_body
+);
+avx2_entry!(
+    /// `sum(a * b)`, `a` in f16.
+    dot_f16(a: &[f16], b: &[f32]) -> f32 => dot_f16_body
+);
+avx2_entry!(
+    /// `y += s * x`, `x` in f16.
+    axpy_f16(y: &mut [f32], s: f32, x: &[f16]) => axpy_f16_body
+);
+avx2_entry!(
+    /// f16 → f32 (exact).
+    f16_to_f32_row(x: &[f16], y: &mut [f32]) => f16_to_f32_body
+);
+avx2_entry!(
+    /// f32 → f16, round to nearest even (F16C).
+    f32_to_f16_row(x: &[f32], y: &mut [f16]) => f32_to_f16_body
+);
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(
+        x.len() == w.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
+    if x.is_empty() {
+        return;
+    }
+    let (xc, xt) = x.as_chunks::<8>();
+    let mut acc = [_mm256_setzero_pd(); 2];
+    for c in xc {
+        let v = load_ps(c);
+        acc_pd(&mut acc, _mm256_mul_ps(v, v));
+    }
+    let mut sum = hsum_pd(acc);
+    for &v in xt {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    let sv = _mm256_set1_ps(scale);
+    let (oc, ot) = out.as_chunks_mut::<8>();
+    let (wc, wt) = w.as_chunks::<8>();
+    for ((o, c), g) in oc.iter_mut().zip(xc).zip(wc) {
+        store_ps(o, _mm256_mul_ps(_mm256_mul_ps(load_ps(c), sv), load_ps(g)));
+    }
+    for ((o, &v), &g) in ot.iter_mut().zip(xt).zip(wt) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// Copies a tail of fewer than 8 values into a vector padded with `pad`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_tail(t: &[f32], pad: f32) -> __m256 {
+    let mut buf = [pad; 8];
+    buf[..t.len()].copy_from_slice(t);
+    load_ps(&buf)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store_tail(t: &mut [f32], v: __m256) {
+    let mut buf = [0.0; 8];
+    store_ps(&mut buf, v);
+    let n = t.len();
+    t.copy_from_slice(&buf[..n]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn softmax_body(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let (xc, xt) = x.as_chunks_mut::<8>();
+    // `max_ps(v, acc)` keeps `acc` when `v` is NaN, like the reference's `f32::max` fold.
+    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+    for c in xc.iter() {
+        m = _mm256_max_ps(load_ps(c), m);
+    }
+    let mut max = hmax_ps(m);
+    for &v in xt.iter() {
+        max = max.max(v);
+    }
+    let mv = _mm256_set1_ps(max);
+    let mut acc = [_mm256_setzero_pd(); 2];
+    for c in xc.iter_mut() {
+        let e = exp_ps(_mm256_sub_ps(load_ps(c), mv));
+        store_ps(c, e);
+        acc_pd(&mut acc, e);
+    }
+    if !xt.is_empty() {
+        // Padding with -inf gives exp() = 0, which adds nothing to the sum.
+        let e = exp_ps(_mm256_sub_ps(load_tail(xt, f32::NEG_INFINITY), mv));
+        store_tail(xt, e);
+        acc_pd(&mut acc, e);
+    }
+    let inv = _mm256_set1_ps((1.0 / hsum_pd(acc)) as f32);
+    for c in xc.iter_mut() {
+        store_ps(c, _mm256_mul_ps(load_ps(c), inv));
+    }
+    if !xt.is_empty() {
+        store_tail(xt, _mm256_mul_ps(load_tail(xt, 0.0), inv));
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn silu_mul8(g: __m256, u: __m256) -> __m256 {
+    let neg = _mm256_xor_ps(g, _mm256_set1_ps(-0.0));
+    let den = _mm256_add_ps(_mm256_set1_ps(1.0), exp_ps(neg));
+    _mm256_mul_ps(_mm256_div_ps(g, den), u)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn silu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && gate.len() == out.len(),
+        "silu_mul: length mismatch"
+    );
+    let (gc, gt) = gate.as_chunks::<8>();
+    let (uc, ut) = up.as_chunks::<8>();
+    let (oc, ot) = out.as_chunks_mut::<8>();
+    for ((o, g), u) in oc.iter_mut().zip(gc).zip(uc) {
+        store_ps(o, silu_mul8(load_ps(g), load_ps(u)));
+    }
+    if !gt.is_empty() {
+        store_tail(ot, silu_mul8(load_tail(gt, 0.0), load_tail(ut, 0.0)));
+    }
+}
+
+fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
+    assert!(
+        head_dim > 0 && x.len() % head_dim == 0,
+        "rope: {} values are not whole heads of {}",
+        x.len(),
+        head_dim
+    );
+    assert!(
+        cs.len() % 4 == 0 && cs.len() <= head_dim * 2,
+        "rope: bad cos/sin table length {}",
+        cs.len()
+    );
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rope_norm_body(x: &mut [f32], head_dim: usize, cs: &[f32]) {
+    check_rope(x, head_dim, cs);
+    // Pairs and (cos, sin) share the layout: out = x * cos ∓ swap(x) * sin.
+    let n = cs.len().min(head_dim);
+    let (cc, ct) = cs[..n].as_chunks::<8>();
+    for head in x.chunks_exact_mut(head_dim) {
+        let (hc, ht) = head[..n].as_chunks_mut::<8>();
+        for (h, c) in hc.iter_mut().zip(cc) {
+            let v = load_ps(h);
+            let c = load_ps(c);
+            let cos = _mm256_moveldup_ps(c);
+            let sin = _mm256_movehdup_ps(c);
+            let swapped = _mm256_permute_ps::<0b1011_0001>(v);
+            // even lanes: x0*c - x1*s, odd lanes: x1*c + x0*s.
+            store_ps(h, _mm256_fmaddsub_ps(v, cos, _mm256_mul_ps(swapped, sin)));
+        }
+        for (pair, c) in ht.chunks_exact_mut(2).zip(ct.chunks_exact(2)) {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * c[0] - x1 * c[1];
+            pair[1] = x0 * c[1] + x1 * c[0];
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rope_neox_body(x: &mut [f32], head_dim: usize, cs: &[f32]) {
+    check_rope(x, head_dim, cs);
+    // As the reference: pair i (of cs.len()/2) rotates (x[i], x[i + half]), half =
+    // cs.len()/4, in order. Pairs in [k*half, (k+1)*half) touch disjoint values, so each such
+    // run is one vector pass; a later run sees the earlier one's results, as in the reference.
+    let half = cs.len() / 4;
+    let n_pairs = cs.len() / 2;
+    if half == 0 {
+        return;
+    }
+    let (cos, sin): (Vec<f32>, Vec<f32>) = cs.chunks_exact(2).map(|c| (c[0], c[1])).unzip();
+    for head in x.chunks_exact_mut(head_dim) {
+        let mut start = 0;
+        while start < n_pairs {
+            let len = half.min(n_pairs - start);
+            let (lo, hi) = head[start..].split_at_mut(half);
+            let (lo, hi) = (&mut lo[..len], &mut hi[..len]);
+            let (c, s) = (&cos[start..start + len], &sin[start..start + len]);
+            let (lc, lt) = lo.as_chunks_mut::<8>();
+            let (hc, ht) = hi.as_chunks_mut::<8>();
+            let (cc, ctl) = c.as_chunks::<8>();
+            let (sc, stl) = s.as_chunks::<8>();
+            for (((a, b), c), s) in lc.iter_mut().zip(hc.iter_mut()).zip(cc).zip(sc) {
+                let (x0, x1, c, s) = (load_ps(a), load_ps(b), load_ps(c), load_ps(s));
+                store_ps(a, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
+                store_ps(b, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+            }
+            for (((a, b), &c), &s) in lt.iter_mut().zip(ht.iter_mut()).zip(ctl).zip(stl) {
+                let (x0, x1) = (*a, *b);
+                *a = x0 * c - x1 * s;
+                *b = x0 * s + x1 * c;
+            }
+            start += len;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn add_body(x: &mut [f32], y: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add: length mismatch");
+    let (xc, xt) = x.as_chunks_mut::<8>();
+    let (yc, yt) = y.as_chunks::<8>();
+    for (a, b) in xc.iter_mut().zip(yc) {
+        store_ps(a, _mm256_add_ps(load_ps(a), load_ps(b)));
+    }
+    for (a, &b) in xt.iter_mut().zip(yt) {
+        *a += b;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_body(x: &mut [f32], s: f32) {
+    let sv = _mm256_set1_ps(s);
+    let (xc, xt) = x.as_chunks_mut::<8>();
+    for a in xc.iter_mut() {
+        store_ps(a, _mm256_mul_ps(load_ps(a), sv));
+    }
+    for a in xt.iter_mut() {
+        *a *= s;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f32_body(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+    let (ac, at) = a.as_chunks::<8>();
+    let (bc, bt) = b.as_chunks::<8>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let (a4, a1) = ac.as_chunks::<4>();
+    let (b4, b1) = bc.as_chunks::<4>();
+    for (x, y) in a4.iter().zip(b4) {
+        for k in 0..4 {
+            acc[k] = _mm256_fmadd_ps(load_ps(&x[k]), load_ps(&y[k]), acc[k]);
+        }
+    }
+    for (k, (x, y)) in a1.iter().zip(b1).enumerate() {
+        acc[k] = _mm256_fmadd_ps(load_ps(x), load_ps(y), acc[k]);
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum_ps(v);
+    for (&x, &y) in at.iter().zip(bt) {
+        sum += x * y;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn axpy_f32_body(y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(x.len(), y.len(), "axpy_f32: length mismatch");
+    let sv = _mm256_set1_ps(s);
+    let (yc, yt) = y.as_chunks_mut::<8>();
+    let (xc, xt) = x.as_chunks::<8>();
+    for (o, v) in yc.iter_mut().zip(xc) {
+        // mul then add (not fma): rounds exactly like the reference.
+        store_ps(o, _mm256_add_ps(load_ps(o), _mm256_mul_ps(sv, load_ps(v))));
+    }
+    for (o, &v) in yt.iter_mut().zip(xt) {
+        *o += s * v;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_f16_body(a: &[f16], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
+    let (ac, at) = a.as_chunks::<8>();
+    let (bc, bt) = b.as_chunks::<8>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let (a4, a1) = ac.as_chunks::<4>();
+    let (b4, b1) = bc.as_chunks::<4>();
+    for (x, y) in a4.iter().zip(b4) {
+        for k in 0..4 {
+            acc[k] = _mm256_fmadd_ps(load_ph(&x[k]), load_ps(&y[k]), acc[k]);
+        }
+    }
+    for (k, (x, y)) in a1.iter().zip(b1).enumerate() {
+        acc[k] = _mm256_fmadd_ps(load_ph(x), load_ps(y), acc[k]);
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum_ps(v);
+    for (&x, &y) in at.iter().zip(bt) {
+        sum += x.to_f32() * y;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn axpy_f16_body(y: &mut [f32], s: f32, x: &[f16]) {
+    assert_eq!(x.len(), y.len(), "axpy_f16: length mismatch");
+    let sv = _mm256_set1_ps(s);
+    let (yc, yt) = y.as_chunks_mut::<8>();
+    let (xc, xt) = x.as_chunks::<8>();
+    for (o, v) in yc.iter_mut().zip(xc) {
+        store_ps(o, _mm256_add_ps(load_ps(o), _mm256_mul_ps(sv, load_ph(v))));
+    }
+    for (o, &v) in yt.iter_mut().zip(xt) {
+        *o += s * v.to_f32();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_to_f32_body(x: &[f16], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "f16_to_f32_row: length mismatch");
+    let (xc, xt) = x.as_chunks::<8>();
+    let (yc, yt) = y.as_chunks_mut::<8>();
+    for (o, h) in yc.iter_mut().zip(xc) {
+        store_ps(o, load_ph(h));
+    }
+    if !xt.is_empty() {
+        let mut buf = [f16::ZERO; 8];
+        buf[..xt.len()].copy_from_slice(xt);
+        store_tail(yt, load_ph(&buf));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_to_f16_body(x: &[f32], y: &mut [f16]) {
+    assert_eq!(x.len(), y.len(), "f32_to_f16_row: length mismatch");
+    let (xc, xt) = x.as_chunks::<8>();
+    let (yc, yt) = y.as_chunks_mut::<8>();
+    for (o, v) in yc.iter_mut().zip(xc) {
+        store_ph(o, load_ps(v));
+    }
+    if !xt.is_empty() {
+        let mut buf = [f16::ZERO; 8];
+        store_ph(&mut buf, load_tail(xt, 0.0));
+        let n = yt.len();
+        yt.copy_from_slice(&buf[..n]);
+    }
+}
