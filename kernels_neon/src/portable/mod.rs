@@ -1,5 +1,49 @@
-//! Portable SIMD through `wide`: the path on any target without a hand-written one.
+//! Portable SIMD through `wide`: the path on any target without a hand-written one, and the
+//! fallback on x86 without AVX2. Safe code only; `wide` picks SSE2/NEON/simd128/scalar
+//! implementations at compile time from the target's baseline features.
+//!
+//! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
+//! - `dot`: per-block integer dot products on 16-bit lanes.
+//! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
+//!   (2 rows × 2 tokens), with a row's result independent of the tiling.
+//! - `ops`: the f32 operations (`rope_norm` is the reference's loop); `simd`: exact f16
+//!   conversions and `exp` on vectors.
 
-use crate::dispatch::{Kernels, Path, REFERENCE};
+mod dot;
+mod matmul;
+mod ops;
+mod quant;
+mod simd;
 
-pub(crate) const TABLE: Kernels = Kernels { path: Path::Portable, ..REFERENCE };
+use crate::dispatch::{Kernels, Path};
+
+/// The portable table. Every kernel but `rope_norm` has a vectorised version.
+pub(crate) const TABLE: Kernels = Kernels {
+    path: Path::Portable,
+    quantize_row_q8_0: quant::quantize_row_q8_0,
+    quantize_row_q8_1: quant::quantize_row_q8_1,
+    vec_dot_q4_0_q8_0: matmul::vec_dot_q4_0_q8_0,
+    vec_dot_q4_1_q8_1: matmul::vec_dot_q4_1_q8_1,
+    vec_dot_q8_0_q8_0: matmul::vec_dot_q8_0_q8_0,
+    matvec_q4_0_q8_0: matmul::matvec_q4_0_q8_0,
+    matvec_q4_1_q8_1: matmul::matvec_q4_1_q8_1,
+    matvec_q8_0_q8_0: matmul::matvec_q8_0_q8_0,
+    matmul_q4_0_q8_0: matmul::matmul_q4_0_q8_0,
+    matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
+    matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
+    rms_norm: ops::rms_norm,
+    softmax: ops::softmax,
+    silu_mul: ops::silu_mul,
+    // Interleaved pairs need lane swaps `wide` does not offer; built from arrays they were
+    // slower than the reference's plain loop, which the compiler vectorises well enough.
+    rope_norm: crate::reference::rope_norm_ref,
+    rope_neox: ops::rope_neox,
+    add: ops::add,
+    scale: ops::scale,
+    dot_f32: ops::dot_f32,
+    axpy_f32: ops::axpy_f32,
+    dot_f16: ops::dot_f16,
+    axpy_f16: ops::axpy_f16,
+    f16_to_f32_row: ops::f16_to_f32_row,
+    f32_to_f16_row: ops::f32_to_f16_row,
+};

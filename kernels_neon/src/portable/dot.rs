@@ -1,0 +1,176 @@
+//! Per-block integer dot products on `wide` 128-bit vectors.
+//!
+//! The 32 bytes of a block are read as 16-bit lanes; the even and odd bytes of each lane are
+//! split with shifts (sign-extending the activations) and multiplied pairwise with `i16x8::dot`
+//! (`pmaddwd` on SSE2, `smull`+`addp` on NEON). Weights and activations are split the same way,
+//! so the pairing holds on either endianness. The result is 4 i32 whose sum is the block's
+//! exact integer dot product.
+
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
+use bytemuck::cast;
+use wide::{i16x8, i32x4, u16x8};
+
+/// A weight format as the portable tiles see it.
+pub(super) trait Fmt {
+    type W: Copy;
+    type A: Copy;
+    /// A weight block prepared for [`Fmt::isum`].
+    type WP: Copy;
+    /// An activation block prepared for [`Fmt::isum`].
+    type AP: Copy;
+    /// Whether the format has the `m * s` offset term (Q4_1).
+    const HAS_MIN: bool;
+    fn prep_w(w: &Self::W) -> Self::WP;
+    fn prep_a(a: &Self::A) -> Self::AP;
+    /// Four i32 whose sum is the block's exact integer dot product.
+    fn isum(w: &Self::WP, a: &Self::AP) -> i32x4;
+    fn w_d(w: &Self::W) -> f16;
+    /// The weight offset `m` (0 unless `HAS_MIN`).
+    fn w_m(w: &Self::W) -> f16;
+    fn a_d(a: &Self::A) -> f16;
+    /// The activation sum `s` (0 unless `HAS_MIN`).
+    fn a_s(a: &Self::A) -> f16;
+}
+
+/// Signed bytes of 32: `[even 0..16, odd 0..16, even 16..32, odd 16..32]`, sign-extended.
+#[inline]
+fn split_i8(qs: &[i8; 32]) -> [i16x8; 4] {
+    let [lo, hi]: [i16x8; 2] = cast(*qs);
+    [(lo << 8) >> 8, lo >> 8, (hi << 8) >> 8, hi >> 8]
+}
+
+/// Nibbles of a Q4 block in the order of [`split_i8`]: low nibbles are values 0..16, high
+/// nibbles 16..32, each split into even and odd bytes.
+#[inline]
+fn split_nibbles(qs: &[u8; 16]) -> [i16x8; 4] {
+    let q: u16x8 = cast(*qs);
+    let m = u16x8::splat(0x0f);
+    [
+        cast(q & m),
+        cast((q >> 8) & m),
+        cast((q >> 4) & m),
+        cast(q >> 12),
+    ]
+}
+
+#[inline]
+fn dot4(x: &[i16x8; 4], y: &[i16x8; 4]) -> i32x4 {
+    (x[0].dot(y[0]) + x[1].dot(y[1])) + (x[2].dot(y[2]) + x[3].dot(y[3]))
+}
+
+/// Q4_0 × Q8_0.
+pub(super) struct Q4_0;
+
+impl Fmt for Q4_0 {
+    type W = BlockQ4_0;
+    type A = BlockQ8_0;
+    type WP = [i16x8; 4];
+    type AP = [i16x8; 4];
+    const HAS_MIN: bool = false;
+    #[inline]
+    fn prep_w(w: &BlockQ4_0) -> [i16x8; 4] {
+        split_nibbles(&w.qs).map(|v| v - i16x8::splat(8))
+    }
+    #[inline]
+    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
+        split_i8(&a.qs)
+    }
+    #[inline]
+    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+        dot4(w, a)
+    }
+    #[inline]
+    fn w_d(w: &BlockQ4_0) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(_: &BlockQ4_0) -> f16 {
+        f16::ZERO
+    }
+    #[inline]
+    fn a_d(a: &BlockQ8_0) -> f16 {
+        a.d
+    }
+    #[inline]
+    fn a_s(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+}
+
+/// Q4_1 × Q8_1 (the `m * s` term is added by the tile).
+pub(super) struct Q4_1;
+
+impl Fmt for Q4_1 {
+    type W = BlockQ4_1;
+    type A = BlockQ8_1;
+    type WP = [i16x8; 4];
+    type AP = [i16x8; 4];
+    const HAS_MIN: bool = true;
+    #[inline]
+    fn prep_w(w: &BlockQ4_1) -> [i16x8; 4] {
+        split_nibbles(&w.qs)
+    }
+    #[inline]
+    fn prep_a(a: &BlockQ8_1) -> [i16x8; 4] {
+        split_i8(&a.qs)
+    }
+    #[inline]
+    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+        dot4(w, a)
+    }
+    #[inline]
+    fn w_d(w: &BlockQ4_1) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(w: &BlockQ4_1) -> f16 {
+        w.m
+    }
+    #[inline]
+    fn a_d(a: &BlockQ8_1) -> f16 {
+        a.d
+    }
+    #[inline]
+    fn a_s(a: &BlockQ8_1) -> f16 {
+        a.s
+    }
+}
+
+/// Q8_0 × Q8_0.
+pub(super) struct Q8_0;
+
+impl Fmt for Q8_0 {
+    type W = BlockQ8_0;
+    type A = BlockQ8_0;
+    type WP = [i16x8; 4];
+    type AP = [i16x8; 4];
+    const HAS_MIN: bool = false;
+    #[inline]
+    fn prep_w(w: &BlockQ8_0) -> [i16x8; 4] {
+        split_i8(&w.qs)
+    }
+    #[inline]
+    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
+        split_i8(&a.qs)
+    }
+    #[inline]
+    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+        dot4(w, a)
+    }
+    #[inline]
+    fn w_d(w: &BlockQ8_0) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+    #[inline]
+    fn a_d(a: &BlockQ8_0) -> f16 {
+        a.d
+    }
+    #[inline]
+    fn a_s(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+}

@@ -1,0 +1,208 @@
+//! Dot products, matrix-vector and matrix-matrix products on `wide` vectors.
+//!
+//! As in the AVX2 path, everything goes through one register tile of `RM` rows × `RN` tokens
+//! where each (row, token) pair has its own f32x4 accumulator receiving, block by block,
+//! `mul_add(f32(isum), d_w * d_a, acc)` (then `mul_add(m, [s, 0, 0, 0], acc)` for Q4_1) and
+//! reduced with `reduce_add` at the end: the same sequence for every pair whatever the tile
+//! shape, so a row's result does not depend on the tiling, the caller's row range, or on which
+//! of `vec_dot` / `matvec` / `matmul` computed it.
+
+use super::dot::{Fmt, Q4_0, Q4_1, Q8_0};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::reference::{check_matmul, check_matvec};
+use wide::f32x4;
+
+/// Weight rows per pass of a matrix-vector product (they share each activation block).
+const MV_ROWS: usize = 4;
+/// Register tile of a matrix-matrix product (16 vector registers on SSE2 are the limit).
+const MM_ROWS: usize = 2;
+const MM_TOKS: usize = 2;
+
+struct Problem<'a, F: Fmt> {
+    w: &'a [F::W],
+    a: &'a [F::A],
+    /// The activations' `d` (and `s`) as f32, token-major like `a`.
+    ad: &'a [f32],
+    asum: &'a [f32],
+    nb: usize,
+    n_tok: usize,
+}
+
+/// Rows `r..r+RM` × tokens `t..t+RN`, written into `out` (`[row][tok]`).
+#[inline]
+fn tile<F: Fmt, const RM: usize, const RN: usize>(
+    p: &Problem<'_, F>,
+    r: usize,
+    t: usize,
+    out: &mut [f32],
+) {
+    let nb = p.nb;
+    let mut rows: [&[F::W]; RM] = [&[]; RM];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = &p.w[(r + i) * nb..][..nb];
+    }
+    let mut toks: [&[F::A]; RN] = [&[]; RN];
+    let mut tok_d: [&[f32]; RN] = [&[]; RN];
+    let mut tok_s: [&[f32]; RN] = [&[]; RN];
+    for j in 0..RN {
+        toks[j] = &p.a[(t + j) * nb..][..nb];
+        tok_d[j] = &p.ad[(t + j) * nb..][..nb];
+        if F::HAS_MIN {
+            tok_s[j] = &p.asum[(t + j) * nb..][..nb];
+        }
+    }
+    let mut acc = [[f32x4::ZERO; RN]; RM];
+    for b in 0..nb {
+        let mut wp = [F::prep_w(&rows[0][b]); RM];
+        let mut wd = [0.0f32; RM];
+        let mut wm = [f32x4::ZERO; RM];
+        for i in 0..RM {
+            let blk = &rows[i][b];
+            if i > 0 {
+                wp[i] = F::prep_w(blk);
+            }
+            wd[i] = F::w_d(blk).to_f32();
+            if F::HAS_MIN {
+                wm[i] = f32x4::splat(F::w_m(blk).to_f32());
+            }
+        }
+        for j in 0..RN {
+            let ap = F::prep_a(&toks[j][b]);
+            let da = tok_d[j][b];
+            let sv = if F::HAS_MIN {
+                f32x4::from([tok_s[j][b], 0.0, 0.0, 0.0])
+            } else {
+                f32x4::ZERO
+            };
+            for i in 0..RM {
+                let s = f32x4::from_i32x4(F::isum(&wp[i], &ap));
+                acc[i][j] = s.mul_add(f32x4::splat(wd[i] * da), acc[i][j]);
+                if F::HAS_MIN {
+                    acc[i][j] = wm[i].mul_add(sv, acc[i][j]);
+                }
+            }
+        }
+    }
+    for i in 0..RM {
+        for j in 0..RN {
+            out[(r + i) * p.n_tok + t + j] = acc[i][j].reduce_add();
+        }
+    }
+}
+
+/// Picks the tile instance for `rm` rows (1..=4) × `rn` tokens (1..=2).
+fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rm: usize, rn: usize, out: &mut [f32]) {
+    match (rm, rn) {
+        (1, 1) => tile::<F, 1, 1>(p, r, t, out),
+        (2, 1) => tile::<F, 2, 1>(p, r, t, out),
+        (3, 1) => tile::<F, 3, 1>(p, r, t, out),
+        (4, 1) => tile::<F, 4, 1>(p, r, t, out),
+        (1, 2) => tile::<F, 1, 2>(p, r, t, out),
+        (2, 2) => tile::<F, 2, 2>(p, r, t, out),
+        (3, 2) => tile::<F, 3, 2>(p, r, t, out),
+        (4, 2) => tile::<F, 4, 2>(p, r, t, out),
+        _ => unreachable!("tile {rm}x{rn}"),
+    }
+}
+
+/// Walks `rows × n_tok` in tiles of `RM × RN` (smaller ones at the edges).
+fn run<F: Fmt, const RM: usize, const RN: usize>(
+    w: &[F::W],
+    a: &[F::A],
+    nb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    const { assert!(RM >= 1 && RM <= 4 && RN >= 1 && RN <= 2) };
+    let rows = out.len() / n_tok;
+    let ad: Vec<f32> = a.iter().map(|b| F::a_d(b).to_f32()).collect();
+    let asum: Vec<f32> = if F::HAS_MIN {
+        a.iter().map(|b| F::a_s(b).to_f32()).collect()
+    } else {
+        Vec::new()
+    };
+    let p = Problem::<F> {
+        w,
+        a,
+        ad: &ad,
+        asum: &asum,
+        nb,
+        n_tok,
+    };
+    let mut r = 0;
+    while r < rows {
+        let rm = RM.min(rows - r);
+        let mut t = 0;
+        while t < n_tok {
+            let rn = RN.min(n_tok - t);
+            if rm == RM && rn == RN {
+                tile::<F, RM, RN>(&p, r, t, out);
+            } else {
+                tile_dyn::<F>(&p, r, t, rm, rn, out);
+            }
+            t += rn;
+        }
+        r += rm;
+    }
+}
+
+macro_rules! kernels {
+    ($fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident) => {
+        /// `vec_dot` (portable): the same per-block sequence as one pair of a tile.
+        pub(crate) fn $dot(x: &[$w], y: &[$a]) -> f32 {
+            assert_eq!(
+                x.len(),
+                y.len(),
+                concat!(stringify!($dot), ": length mismatch")
+            );
+            let mut out = [0.0f32];
+            run::<$fmt, 1, 1>(x, y, x.len(), 1, &mut out);
+            out[0]
+        }
+
+        /// Matrix-vector product (portable), `MV_ROWS` rows per pass.
+        pub(crate) fn $mv(w: &[$w], a: &[$a], out: &mut [f32]) {
+            let nb = check_matvec(w, a, out);
+            if nb == 0 || out.is_empty() {
+                out.fill(0.0);
+                return;
+            }
+            run::<$fmt, MV_ROWS, 1>(w, a, nb, 1, out)
+        }
+
+        /// Matrix-matrix product (portable), tiles of `MM_ROWS × MM_TOKS`.
+        pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
+            let (nb, rows) = check_matmul(w, a, n_tok, out);
+            if nb == 0 || rows == 0 {
+                out.fill(0.0);
+                return;
+            }
+            run::<$fmt, MM_ROWS, MM_TOKS>(w, a, nb, n_tok, out)
+        }
+    };
+}
+
+kernels!(
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    vec_dot_q4_0_q8_0,
+    matvec_q4_0_q8_0,
+    matmul_q4_0_q8_0
+);
+kernels!(
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    vec_dot_q4_1_q8_1,
+    matvec_q4_1_q8_1,
+    matmul_q4_1_q8_1
+);
+kernels!(
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    vec_dot_q8_0_q8_0,
+    matvec_q8_0_q8_0,
+    matmul_q8_0_q8_0
+);
