@@ -5,7 +5,7 @@ mod generate;
 pub mod pool;
 pub mod sampler;
 
-pub use generate::{FinishReason, GenOutput, GenParams, Timings};
+pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
 pub use sampler::{Sampler, SamplingParams};
 
 use crate::kv::{KvCache, KvType};

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The project's whole test suite, as README.md gives it and .ci/run calls it:
+#   1. installs what the tests need (apt: arm64 cross toolchain, qemu-user, mosquitto),
+#   2. fetches the test model into the cache (~/.cache/edgellm, outside the repo),
+#   3. runs every test natively (x86_64), the real-model tests included,
+#   4. runs the kernel and engine tests for aarch64 under qemu on three CPU models.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "setup (apt packages; no-op when installed)"
+if [ "$(id -u)" = 0 ]; then scripts/setup.sh; else sudo scripts/setup.sh; fi
+
+step "model files (fetched and derived once, then verified)"
+cargo build --release --quiet --bin edgellm
+export EDGELLM_BIN="$PWD/target/release/edgellm"
+models/fetch.sh >/dev/null
+EDGELLM_MODEL_DIR="${EDGELLM_CACHE:-$HOME/.cache/edgellm}/models"
+export EDGELLM_MODEL_DIR
+
+step "native tests ($(uname -m))"
+cargo test --workspace
+
+step "benches compile"
+cargo bench --workspace --no-run --quiet
+
+step "aarch64 tests under qemu (cortex-a53, cortex-a76, max)"
+scripts/test-aarch64.sh -p kernels_neon --tests
+scripts/test-aarch64.sh -p edgellm --test engine_synth --test no_alloc
