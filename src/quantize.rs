@@ -130,7 +130,7 @@ pub fn target_type(t: &TensorInfo, target: QuantType, has_output: bool) -> GgmlT
         _ if is_output => GgmlType::Q8_0,
         q => q.ggml_type(),
     };
-    if t.row_len() % ty.block_len() != 0 {
+    if !t.row_len().is_multiple_of(ty.block_len()) {
         GgmlType::F16
     } else {
         ty

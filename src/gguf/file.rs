@@ -104,7 +104,11 @@ impl Gguf {
 
     fn open_inner(path: &Path, opts: &OpenOptions) -> Result<Gguf> {
         let file = File::open(path)?;
-        let len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(GgufError::invalid("not a regular file"));
+        }
+        let len = meta.len();
         if len == 0 {
             // mmap of an empty file fails with EINVAL; say what it is instead.
             return Err(GgufError::Truncated {

@@ -93,7 +93,7 @@ impl GgmlType {
     /// Bytes of `n` values of this type, `None` if `n` is not a whole number of blocks or the
     /// size overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
-        if n % self.block_len() != 0 {
+        if !n.is_multiple_of(self.block_len()) {
             return None;
         }
         (n / self.block_len()).checked_mul(self.block_bytes())

@@ -1,0 +1,258 @@
+//! `edgellm inspect` and `edgellm quantize` as a user runs them: on all three quants of the real
+//! model, and on bad files, whose errors must be one `edgellm: <file>: …` line, never a panic.
+
+mod common;
+
+use common::{model_path, read_json};
+use edgellm::gguf::{GgmlType, GgufWriter};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn edgellm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(args)
+        .output()
+        .expect("run edgellm")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails unless `o` is a clean one-line error starting with `edgellm: `.
+fn assert_clean_error(o: &Output) -> String {
+    let e = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure, got success: {}",
+        stdout(o)
+    );
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.starts_with("edgellm: "), "{e}");
+    assert!(
+        !e.contains("panicked") && !e.contains("RUST_BACKTRACE"),
+        "{e}"
+    );
+    assert_eq!(e.trim_end().lines().count(), 1, "one line: {e}");
+    e
+}
+
+#[test]
+fn inspect_json_on_all_three_quants() {
+    let model = read_json("model.json");
+    for (quant, key) in [("q4_1", "Q4_1"), ("q4_0", "Q4_0"), ("q8_0", "Q8_0")] {
+        let p = model_path(quant);
+        let o = edgellm(&[
+            "inspect",
+            p.to_str().unwrap(),
+            "--json",
+            "--ctx",
+            "4096",
+            "--batch",
+            "1",
+        ]);
+        assert!(o.status.success(), "{quant}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let want = &model["files"][key];
+        assert_eq!(v["architecture"], "llama");
+        assert_eq!(v["n_tensors"], 272);
+        assert_eq!(v["n_params"], model["metadata"]["n_params"]);
+        assert_eq!(v["file_type"], want["general.file_type"]);
+        assert_eq!(v["tensor_bytes"], want["tensor_bytes_total"]);
+        assert_eq!(v["runnable"], true);
+        for (ty, t) in want["tensor_types"].as_object().unwrap() {
+            assert_eq!(
+                v["tensor_types"][ty]["n_tensors"], t["n_tensors"],
+                "{quant} {ty}"
+            );
+            assert_eq!(v["tensor_types"][ty]["bytes"], t["bytes"], "{quant} {ty}");
+        }
+        assert_eq!(
+            v["tensor_types"].as_object().unwrap().len(),
+            want["tensor_types"].as_object().unwrap().len()
+        );
+        assert_eq!(v["tokenizer"]["model"], "gpt2");
+        assert_eq!(v["tokenizer"]["n_tokens"], 49152);
+        assert_eq!(v["tokenizer"]["n_merges"], 48900);
+        assert_eq!(v["tokenizer"]["eos"][1], "<|im_end|>");
+        assert_eq!(v["chat_template"], true);
+        assert_eq!(v["hparams"]["n_head_kv"], 3);
+        assert_eq!(v["hparams"]["head_dim"], 64);
+        let mem = &v["memory"];
+        assert_eq!(mem["kv_cache"], 2 * 30 * 4096 * 3 * 64 * 2);
+        assert_eq!(mem["weights"], want["tensor_bytes_total"]);
+        assert_eq!(mem["logits"], 4 * 49152);
+        let sum = ["weights", "kv_cache", "activations", "logits"]
+            .iter()
+            .map(|k| mem[k].as_u64().unwrap())
+            .sum::<u64>();
+        assert_eq!(mem["total"], sum);
+    }
+}
+
+#[test]
+fn inspect_text_says_what_it_counts() {
+    let p = model_path("q4_0");
+    let o = edgellm(&["inspect", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for want in [
+        "architecture:  llama (Smollm2 135M 8k Lc100K Mix1 Ep2)",
+        "file type:     mostly Q4_0 (general.file_type 2)",
+        "30 layers, embd 576, heads 9 (kv 3), head dim 64, ffn 1536, vocab 49152",
+        "Q4_0       210 tensors",
+        "Q8_0         1 tensor ",
+        "F32         61 tensors",
+        "runnable:      yes",
+        "gpt2 (pre smollm), 49152 tokens, 48900 merges, bos 1 \"<|im_start|>\", eos 2 \"<|im_end|>\"",
+        "chat template: present (368 bytes)",
+        "memory at ctx 2048 (batch 32):",
+        "KV cache         45.0 MiB  (f16: 2 x 30 layers x 2048 ctx x 3 kv heads x 64 head dim x 2 B)",
+        "total",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+    let o = edgellm(&["inspect", p.to_str().unwrap(), "--metadata", "--tensors"]);
+    let s = stdout(&o);
+    assert!(s.contains("tokenizer.ggml.tokens = [string; 49152]"), "{s}");
+    assert!(s.contains("blk.29.ffn_down.weight"), "{s}");
+}
+
+#[test]
+fn inspect_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.gguf");
+    let e = assert_clean_error(&edgellm(&["inspect", missing.to_str().unwrap()]));
+    assert!(
+        e.contains(&format!("edgellm: {}: ", missing.display())),
+        "{e}"
+    );
+
+    // A real-model-sized header with its data cut off.
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", "llama");
+    w.add_f32("blk.0.attn_norm.weight", &[64], &[1.0; 64])
+        .unwrap();
+    w.add_tensor(
+        "blk.3.ffn_up.weight",
+        GgmlType::Q4_0,
+        &[64, 4],
+        vec![0; 144],
+    )
+    .unwrap();
+    let (bytes, layout) = w.to_bytes_with_layout().unwrap();
+    let cut = dir.path().join("model.gguf");
+    let len = (layout.data_offset + 256 + 144 - 10) as usize;
+    std::fs::write(&cut, &bytes[..len]).unwrap();
+    let e = assert_clean_error(&edgellm(&["inspect", cut.to_str().unwrap()]));
+    let off = layout.data_offset + 256;
+    assert_eq!(
+        e.trim_end(),
+        format!(
+            "edgellm: {}: tensor 'blk.3.ffn_up.weight' data runs past end of file (offset {off}, size 144, file {})",
+            cut.display(),
+            len
+        )
+    );
+
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"PK\x03\x04 not a model").unwrap();
+    let e = assert_clean_error(&edgellm(&["inspect", junk.to_str().unwrap()]));
+    assert!(e.contains("junk.gguf: not a GGUF file"), "{e}");
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert_clean_error(&edgellm(&["inspect", empty.to_str().unwrap()]));
+    assert_clean_error(&edgellm(&["inspect", dir.path().to_str().unwrap()]));
+}
+
+#[test]
+fn inspect_reports_unrunnable_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", "llama");
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        GgmlType::Q6_K,
+        &[256, 2],
+        vec![0; 420],
+    )
+    .unwrap();
+    let p = dir.path().join("k.gguf");
+    w.write_file(&p).unwrap();
+    let o = edgellm(&["inspect", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("Q6_K         1 tensor"), "{s}");
+    assert!(
+        s.contains("runnable:      no:")
+            && s.contains("'blk.0.ffn_up.weight' has type Q6_K")
+            && s.contains("edgellm quantize"),
+        "{s}"
+    );
+    assert!(
+        s.contains("shape:         unknown (metadata key 'llama.embedding_length' is missing)"),
+        "{s}"
+    );
+}
+
+#[test]
+fn quantize_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f32.gguf");
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", "llama");
+    w.add_f32("blk.0.attn_q.weight", &[32, 2], &[0.5; 64])
+        .unwrap();
+    w.write_file(&src).unwrap();
+    let out = dir.path().join("q8.gguf");
+    let (s, o) = (src.to_str().unwrap(), out.to_str().unwrap());
+    let r = edgellm(&["quantize", s, o, "q8_0"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    // Not a terminal: no progress bar, nothing printed.
+    assert_eq!(stderr(&r), "");
+    assert_eq!(stdout(&r), "");
+    let r = edgellm(&["inspect", o, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&r)).unwrap();
+    assert_eq!(v["file_type"], 7);
+    assert_eq!(v["tensor_types"]["Q8_0"]["n_tensors"], 1);
+
+    let r = edgellm(&["quantize", s, o, "q6_k"]);
+    assert!(!r.status.success());
+    assert!(
+        stderr(&r).contains("unknown type 'q6_k' (expected q4_0, q4_1, q8_0 or f16)"),
+        "{}",
+        stderr(&r)
+    );
+    let e = assert_clean_error(&edgellm(&["quantize", s, s, "q4_0"]));
+    assert!(e.contains("output must differ from the input"), "{e}");
+    let e = assert_clean_error(&edgellm(&[
+        "quantize",
+        dir.path().join("nope.gguf").to_str().unwrap(),
+        o,
+        "q4_0",
+    ]));
+    assert!(e.contains("nope.gguf: "), "{e}");
+    let bad_dir = Path::new(o).join("sub/x.gguf");
+    let e = assert_clean_error(&edgellm(&[
+        "quantize",
+        s,
+        bad_dir.to_str().unwrap(),
+        "q4_0",
+    ]));
+    assert!(e.contains("x.gguf"), "{e}");
+
+    let help = stdout(&edgellm(&["quantize", "--help"]));
+    assert!(
+        help.contains("q4_0, q4_1, q8_0 or f16") && help.contains("llama-quantize"),
+        "{help}"
+    );
+    let help = stdout(&edgellm(&["inspect", "--help"]));
+    assert!(
+        help.contains("--ctx") && help.contains("KV cache"),
+        "{help}"
+    );
+}
