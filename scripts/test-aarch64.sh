@@ -5,6 +5,7 @@
 #   cortex-a76  + dotprod (sdot)           (RK3588, Raspberry Pi 5)
 #   max         + dotprod + i8mm (smmla)
 # Usage: scripts/test-aarch64.sh [cargo test args…]   (default: the kernels_neon tests)
+# Env:   EDGELLM_QEMU_CPUS  the CPU models to run on (default: "cortex-a53 cortex-a76 max")
 # qemu runs WITHOUT -L /usr/aarch64-linux-gnu: that cross libc differs from the arm64 libc the
 # Rust std links against (/lib/aarch64-linux-gnu, installed with libstd-rust-web-dev:arm64), and
 # with it every thread spawn hangs.
@@ -19,7 +20,7 @@ args=("$@")
 # --tests: doctests would need a rustdoc for the target, and test nothing ARM-specific.
 [ ${#args[@]} -gt 0 ] || args=(-p kernels_neon --tests)
 
-for cpu in cortex-a53 cortex-a76 max; do
+for cpu in ${EDGELLM_QEMU_CPUS:-cortex-a53 cortex-a76 max}; do
     case $cpu in
         cortex-a53) expect=neon;              expect_not=dotprod,i8mm ;;
         cortex-a76) expect=neon,dotprod;      expect_not=i8mm ;;

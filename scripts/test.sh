@@ -20,7 +20,9 @@ EDGELLM_MODEL_DIR="${EDGELLM_CACHE:-$HOME/.cache/edgellm}/models"
 export EDGELLM_MODEL_DIR
 
 step "native tests ($(uname -m))"
-cargo test --workspace
+# The real-model greedy ids of this run are kept for the aarch64 run to compare against.
+ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
+EDGELLM_IDS_OUT="$ids_x86" cargo test --workspace
 
 step "benches compile"
 cargo bench --workspace --no-run --quiet
@@ -28,3 +30,6 @@ cargo bench --workspace --no-run --quiet
 step "aarch64 tests under qemu (cortex-a53, cortex-a76, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
 scripts/test-aarch64.sh -p edgellm --test engine_synth --test no_alloc
+step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
+EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
+    scripts/test-aarch64.sh -p edgellm --test engine_real greedy_ids_are_identical

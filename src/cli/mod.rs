@@ -4,14 +4,20 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod common;
 mod inspect;
 mod kernels;
 mod quantize;
+mod run;
+mod tokenize;
 
 /// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).
 #[derive(Parser)]
 #[command(name = "edgellm", version, about, long_about = None)]
 struct Cli {
+    /// More log output on stderr (-v: info, -vv: debug). EDGELLM_LOG=<filter> overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -22,6 +28,10 @@ enum Command {
     Kernels(kernels::Args),
     /// Show a GGUF model's architecture, sizes, quant types, tokenizer and memory needs.
     Inspect(inspect::Args),
+    /// Generate a completion for a prompt (raw text, or a chat message with --chat).
+    Run(run::Args),
+    /// Tokenize standard input with a model's tokenizer and print the ids.
+    Tokenize(tokenize::Args),
     /// Requantize a GGUF model to q4_0, q4_1, q8_0 or f16 (llama.cpp-identical tensor bytes).
     Quantize(quantize::Args),
 }
@@ -29,7 +39,10 @@ enum Command {
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(cli.verbose);
     let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
         Command::Kernels(a) => kernels::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
@@ -41,6 +54,23 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs go to stderr (stdout carries the answers): warnings by default, more with -v, or as
+/// `EDGELLM_LOG` says (a tracing filter such as `edgellm=debug`).
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_env("EDGELLM_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 /// A user-facing error: one line, already carrying its context (file, key, field).

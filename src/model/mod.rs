@@ -11,6 +11,7 @@ pub use hparams::{HParams, RopeType};
 use matrix::{Mat, MatData};
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
+use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 use std::path::Path;
 
 /// Errors of model loading.
@@ -40,6 +41,8 @@ pub enum ModelError {
         ty: String,
         role: &'static str,
     },
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
 }
 
 /// A tensor resolved at load: its index in the file's tensor table and its matrix shape.
@@ -85,6 +88,7 @@ pub struct LayerWeights<'a> {
 pub struct Model {
     gguf: Gguf,
     pub hp: HParams,
+    pub tokenizer: Tokenizer,
     tok_embd: TensorRef,
     output_norm: TensorRef,
     output: TensorRef,
@@ -210,9 +214,11 @@ impl Model {
                 w_down: matrix(&n("ffn_down.weight"), ff, d)?,
             });
         }
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let model = Model {
             gguf,
             hp,
+            tokenizer,
             tok_embd,
             output_norm,
             output,
@@ -266,6 +272,11 @@ impl Model {
             Ok(MatData::F32(v)) => v,
             _ => unreachable!("vectors are checked to be F32 at load"),
         }
+    }
+
+    /// The model's own chat template (`tokenizer.chat_template`), compiled.
+    pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
+        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer)
     }
 
     /// The underlying file (metadata for the tokenizer, tensor table for `inspect`).

@@ -1,0 +1,68 @@
+//! Options shared by the subcommands that load a model and run it.
+
+use edgellm::engine::{Engine, EngineConfig, default_threads};
+use edgellm::kv::KvType;
+use edgellm::model::{LoadOptions, Model};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Which model to load and how to size the engine.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model file (.gguf: Q4_0, Q4_1, Q8_0, F16 or F32 weights).
+    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
+    pub model: PathBuf,
+    /// Worker threads (default: the big cores of a big.LITTLE SoC, else every core we may run on).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context length in tokens: the KV cache is allocated for this many positions.
+    #[arg(short = 'c', long = "ctx", default_value_t = 2048)]
+    pub ctx: usize,
+    /// Prompt tokens processed per forward pass.
+    #[arg(long, default_value_t = 64)]
+    pub chunk: usize,
+    /// KV cache element type: f16 (as llama.cpp) or f32 (twice the memory, more precise).
+    #[arg(long, default_value = "f16", value_parser = KvType::parse)]
+    pub kv_type: KvType,
+    /// Lock the weights in RAM (mlock): no page-out mid-answer. Needs RLIMIT_MEMLOCK.
+    #[arg(long)]
+    pub mlock: bool,
+}
+
+/// The loaded model and engine, with the load time.
+pub struct Loaded {
+    pub engine: Engine,
+    pub load_ms: f64,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(default_threads)
+    }
+
+    /// Maps the model and allocates the engine; errors name the file.
+    pub fn load(&self) -> Result<Loaded, String> {
+        let t0 = Instant::now();
+        let path = &self.model;
+        let model = Model::load(path, &LoadOptions { mlock: self.mlock })
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let cfg = EngineConfig {
+            n_ctx: self.ctx,
+            chunk: self.chunk,
+            threads: self.threads(),
+            kv_type: self.kv_type,
+        };
+        let engine = Engine::new(Arc::new(model), cfg).map_err(|e| e.to_string())?;
+        let load_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        tracing::info!(
+            model = %path.display(),
+            kernels = engine.kernels().name(),
+            threads = engine.config().threads,
+            ctx = engine.config().n_ctx,
+            load_ms = format_args!("{load_ms:.1}"),
+            "model loaded"
+        );
+        Ok(Loaded { engine, load_ms })
+    }
+}
