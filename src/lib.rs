@@ -8,3 +8,4 @@ pub mod gguf;
 pub mod quantize;
 pub mod kv;
 pub mod model;
+pub mod tokenizer;

@@ -1,0 +1,274 @@
+//! Chat templates: the model's own `tokenizer.chat_template` (Jinja) rendered with minijinja,
+//! set up the way Hugging Face's `apply_chat_template` runs Jinja2 (`trim_blocks`,
+//! `lstrip_blocks`, `raise_exception`, `strftime_now`, Python string methods such as
+//! `.strip()` through minijinja-contrib's pycompat), so the prompt text is the reference's.
+//!
+//! A template that injects a default system prompt (SmolLM2's does) keeps doing so: nothing is
+//! special-cased here. A caller's system prompt override is just a system message
+//! ([`ChatTemplate::render_with_system`]).
+
+use minijinja::{Environment, Error, ErrorKind, Value, context};
+use serde::{Deserialize, Serialize};
+
+use super::{Tokenizer, TokenizerError};
+
+/// One chat turn: `role` is `system`, `user`, `assistant` (or whatever the template knows).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template with the model's BOS/EOS texts.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+const NAME: &str = "chat_template";
+
+fn template_error(e: Error) -> TokenizerError {
+    let mut msg = e.to_string();
+    if let Some(detail) = e.detail()
+        && !msg.contains(detail)
+    {
+        msg = format!("{msg}: {detail}");
+    }
+    TokenizerError::Template(msg)
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are the texts templates see under those names.
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TokenizerError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(template_error)?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Compiles `source` with the tokenizer's BOS/EOS token texts.
+    pub fn with_tokenizer(source: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        let text = |id: Option<u32>| {
+            id.and_then(|i| tok.token_text(i))
+                .map(|t| String::from_utf8_lossy(t).into_owned())
+                .unwrap_or_default()
+        };
+        ChatTemplate::new(source, &text(tok.bos()), &text(tok.eos()))
+    }
+
+    /// The template stored in the model (`tokenizer.chat_template`).
+    pub fn from_gguf(
+        g: &crate::gguf::Gguf,
+        tok: &Tokenizer,
+    ) -> Result<ChatTemplate, TokenizerError> {
+        let source = g
+            .metadata()
+            .opt_str("tokenizer.chat_template")?
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        ChatTemplate::with_tokenizer(source, tok)
+    }
+
+    /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let tmpl = self.env.get_template(NAME).map_err(template_error)?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(template_error)
+    }
+
+    /// Renders with `system` as the system prompt: it replaces a leading system message or is
+    /// inserted before the first message. `None` leaves the template's own default in charge.
+    pub fn render_with_system(
+        &self,
+        system: Option<&str>,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let Some(system) = system else {
+            return self.render(messages, add_generation_prompt);
+        };
+        let rest = match messages.first() {
+            Some(m) if m.role == "system" => &messages[1..],
+            _ => messages,
+        };
+        let mut all = Vec::with_capacity(rest.len() + 1);
+        all.push(ChatMessage::new("system", system));
+        all.extend_from_slice(rest);
+        self.render(&all, add_generation_prompt)
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
+
+/// `raise_exception(msg)`: templates use it to reject conversations they cannot format.
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `strftime_now(format)`: the current UTC date/time, for templates that print today's date
+/// (Llama 3.1). Supports `%Y %y %m %d %e %H %M %S %b %B %a %A %j %%`; other specifiers are
+/// kept verbatim.
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(secs, &format)
+}
+
+fn strftime(secs: u64, format: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days as i64);
+    let yday = days as i64 - days_from_civil(y, 1, 1) + 1;
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(spec) = chars.next() else {
+            out.push('%');
+            break;
+        };
+        let s = match spec {
+            'Y' => format!("{y}"),
+            'y' => format!("{:02}", y.rem_euclid(100)),
+            'm' => format!("{m:02}"),
+            'd' => format!("{d:02}"),
+            'e' => format!("{d:2}"),
+            'H' => format!("{:02}", rem / 3600),
+            'M' => format!("{:02}", rem / 60 % 60),
+            'S' => format!("{:02}", rem % 60),
+            'b' => MONTHS[(m - 1) as usize][..3].to_string(),
+            'B' => MONTHS[(m - 1) as usize].to_string(),
+            'a' => DAYS[(days % 7) as usize][..3].to_string(),
+            'A' => DAYS[(days % 7) as usize].to_string(),
+            'j' => format!("{yday:03}"),
+            '%' => "%".to_string(),
+            other => format!("%{other}"),
+        };
+        out.push_str(&s);
+    }
+    out
+}
+
+/// Days since 1970-01-01 → (year, month 1..=12, day 1..=31), proleptic Gregorian
+/// (H. Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + (m <= 2) as i64, m, d)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2024-07-26 13:05:09 UTC, a Friday, day 208 of a leap year.
+        assert_eq!(strftime(1_722_085_509 - 86_400, "%d %b %Y"), "26 Jul 2024");
+        assert_eq!(
+            strftime(1_722_085_509 - 86_400, "%A %j %H:%M:%S %%"),
+            "Friday 208 13:05:09 %"
+        );
+        assert_eq!(strftime(0, "%Y-%m-%d %a"), "1970-01-01 Thu");
+    }
+
+    #[test]
+    fn python_string_methods_and_raise_exception_work() {
+        let src = "{{ messages[0]['content'].strip().upper() }}{% if messages|length > 1 %}{{ raise_exception('one only') }}{% endif %}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "  hi ")], false)
+                .unwrap(),
+            "HI"
+        );
+        let two = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        let err = t.render(&two, false).unwrap_err().to_string();
+        assert!(err.contains("one only"), "{err}");
+    }
+
+    #[test]
+    fn blocks_are_trimmed_like_hugging_face_jinja() {
+        let src = "{% for m in messages %}\n  {{ m.role }}:{{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let out = t.render(&[ChatMessage::new("user", "x")], false).unwrap();
+        assert_eq!(out, "  user:x\n");
+    }
+}
