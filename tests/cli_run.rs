@@ -1,0 +1,218 @@
+//! The `edgellm run` / `edgellm tokenize` contract that scripts depend on, on the real model:
+//! JSON fields, llama.cpp's tokens, chat prompts, and clear errors without panics.
+
+mod common;
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+fn edgellm(args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_edgellm"));
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn edgellm");
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn json_of(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "edgellm failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn run_json_reports_ids_text_top_logits_and_timings() {
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let greedy = common::read_json("greedy.json");
+    let case = &greedy["cases"][0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let out = edgellm(
+        &[
+            "run",
+            "-m",
+            m,
+            "--prompt",
+            prompt,
+            "-n",
+            "8",
+            "--json",
+            "--top-logits",
+            "5",
+            "-t",
+            "2",
+        ],
+        None,
+    );
+    let v = json_of(&out);
+    assert_eq!(ids(&v["prompt_ids"]), ids(&case["prompt_ids"]));
+    let generated = ids(&v["generated_ids"]);
+    assert_eq!(generated.len(), 8);
+    assert_eq!(
+        generated[0],
+        ids(&case["generated_ids"])[0],
+        "first generated token differs from llama.cpp's"
+    );
+    let top = v["top_logits"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    assert_eq!(
+        top[0][0].as_u64().unwrap(),
+        generated[0],
+        "greedy token is the top logit"
+    );
+    assert!(
+        top.windows(2).all(|w| w[0][1].as_f64() >= w[1][1].as_f64()),
+        "top logits sorted"
+    );
+    assert!(
+        v["text"].as_str().unwrap().starts_with(", I was"),
+        "{}",
+        v["text"]
+    );
+    for k in ["load_ms", "prompt_ms", "ttft_ms", "decode_tps"] {
+        assert!(
+            v["timings"][k].as_f64().is_some_and(|x| x >= 0.0),
+            "timings.{k} = {}",
+            v["timings"][k]
+        );
+    }
+    assert_eq!(v["finish_reason"], "length");
+}
+
+#[test]
+fn chat_prompt_uses_the_template_with_its_default_system_prompt_and_stops_at_im_end() {
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let greedy = common::read_json("greedy.json");
+    let case = greedy["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "chat")
+        .expect("a chat case");
+    let user = case["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().rev().find(|m| m["role"] == "user"))
+        .map(|m| m["content"].as_str().unwrap().to_string());
+    let user = user.expect("chat case has a user message");
+    let system = case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "system")
+        .map(|m| m["content"].as_str().unwrap().to_string());
+    let mut args = vec![
+        "run", "-m", m, "--chat", "--prompt", &user, "-n", "48", "--json",
+    ];
+    if let Some(s) = &system {
+        args.extend(["--system", s]);
+    }
+    let v = json_of(&edgellm(&args, None));
+    assert_eq!(
+        ids(&v["prompt_ids"]),
+        ids(&case["prompt_ids"]),
+        "chat prompt ids differ from llama.cpp's"
+    );
+    let generated = ids(&v["generated_ids"]);
+    let want = ids(&case["generated_ids"]);
+    assert_eq!(generated[0], want[0]);
+    if v["finish_reason"] == "eog" {
+        assert!(
+            [0, 2, 4].contains(generated.last().unwrap()),
+            "stopped on a non-EOG token"
+        );
+        assert!(
+            !v["text"].as_str().unwrap().contains("<|im_end|>"),
+            "EOG text leaked into the answer"
+        );
+    }
+}
+
+#[test]
+fn tokenize_matches_llama_cpp_and_adds_no_bos() {
+    let model = common::model_path("q4_1");
+    let m = model.to_str().unwrap();
+    let data = common::read_json("tokenize.json");
+    for case in data["cases"].as_array().unwrap().iter().take(8) {
+        let v = json_of(&edgellm(
+            &["tokenize", "-m", m, "--json"],
+            Some(case["text"].as_str().unwrap()),
+        ));
+        assert_eq!(ids(&v["ids"]), ids(&case["ids"]), "{}", case["id"]);
+    }
+    let out = edgellm(
+        &["tokenize", "-m", m, "--special"],
+        Some("<|im_start|>user"),
+    );
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("1 "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_with_a_non_zero_exit_not_a_panic() {
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "-m", "/nonexistent/model.gguf", "--prompt", "hi"],
+            "/nonexistent/model.gguf",
+        ),
+        (
+            vec![
+                "run",
+                "-m",
+                m,
+                "--prompt",
+                "hello there, how are you today?",
+                "--ctx",
+                "4",
+            ],
+            "context holds 4",
+        ),
+        (
+            vec!["run", "-m", m, "--prompt", "hi", "--top-p", "2"],
+            "top_p",
+        ),
+        (
+            vec!["run", "-m", m, "--prompt-file", "/nonexistent/prompt.txt"],
+            "/nonexistent/prompt.txt",
+        ),
+        (
+            vec!["run", "-m", "Cargo.toml", "--prompt", "hi"],
+            "Cargo.toml",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = edgellm(&args, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains("edgellm: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
