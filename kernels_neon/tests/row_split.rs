@@ -94,3 +94,50 @@ fn row_splits_give_bit_identical_products_on_every_path() {
         eprintln!("kernels_neon: path {p} gives the same bits for every row split");
     }
 }
+
+/// On aarch64 the NEON, dotprod and i8mm products compute each (row, token) pair in the same
+/// pair form (exact integer block sums, fused multiply-adds in block order), so they must agree
+/// bit for bit: a device may switch paths (`EDGELLM_KERNELS`) without changing its outputs.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn arm_paths_agree_bit_for_bit() {
+    fn check<W: WeightFormat>(ks: &[&Kernels]) {
+        for (rows, nb, n_tok) in [(9, 3, 5), (17, 18, 7), (6, 33, 2)] {
+            let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 3 + nb) as u64));
+            let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));
+            let run = |k: &Kernels| {
+                let mut mv = vec![f32::NAN; rows];
+                W::matvec(k)(&w, &a[..nb], &mut mv);
+                let mut mm = vec![f32::NAN; rows * n_tok];
+                W::matmul(k)(&w, &a, n_tok, &mut mm);
+                let dot = W::vec_dot(k)(&w[..nb], &a[..nb]);
+                (bits(&mv), bits(&mm), dot.to_bits())
+            };
+            let base = run(ks[0]);
+            for k in &ks[1..] {
+                assert!(
+                    run(k) == base,
+                    "{} and {} differ on {} {rows}x{nb}x{n_tok}",
+                    ks[0].path,
+                    k.path,
+                    W::NAME
+                );
+            }
+        }
+    }
+    let ks: Vec<&Kernels> = [Path::Neon, Path::Dotprod, Path::I8mm]
+        .into_iter()
+        .filter(|p| p.is_available())
+        .map(|p| Kernels::for_path(p).unwrap())
+        .collect();
+    check::<BlockQ4_0>(&ks);
+    check::<BlockQ4_1>(&ks);
+    check::<BlockQ8_0>(&ks);
+    eprintln!(
+        "kernels_neon: ARM paths [{}] agree bit for bit",
+        ks.iter()
+            .map(|k| k.path.name())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}

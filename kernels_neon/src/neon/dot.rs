@@ -1,12 +1,15 @@
 //! Block access, the integer block dot products of the base-NEON and dotprod paths, and the
-//! "vector form" used by `vec_dot` and `matvec`.
+//! register tiles that `vec_dot`, `matvec` and the NEON/dotprod `matmul` are made of.
 //!
-//! The vector form of one row: per block, the exact integer products land in 4 i32 lanes
-//! (`idot`), are converted to f32 and fused-multiply-added with `d_w * d_a` into one of two
-//! f32x4 accumulators (even and odd blocks); the row's value is the horizontal sum of the two
-//! accumulators' sum, plus (Q4_1) the sequential fused sum of `m_w * s_a`. [`rows_vec`]
-//! applies exactly that sequence to each of its `R` rows, so a row's bits do not depend on
-//! how many rows are computed together.
+//! The pair form: the value of a (row `r`, token `t`) pair is, for the blocks `b` in order,
+//! `acc = fma(isum_b, d_r d_t, acc)` from `acc = 0`, where `isum_b` is the block's exact integer
+//! dot product (as f32, exact: |isum| <= 32 * 128 * 128 < 2^24), and for Q4_1 plus
+//! `msum = fma(m_r, s_t, msum)` over the blocks, added at the end. That is the reference's
+//! `sumf += sumi * (d_x d_y) (+ m_x s_y)` with fused multiply-adds. [`tile4`] computes it for 4
+//! rows at once in the lanes of one vector (reducing each row's `idot` lanes with `addp`),
+//! [`tile1`] for one row with scalars, and the i8mm tiles of `matmul.rs` the same from `smmla`
+//! sums: IEEE operations are exact-rounded, so a pair's bits are the same in every tile and
+//! tail, whatever range of rows a caller passes, and on every ARM path.
 
 use super::fp16::h2f;
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
@@ -211,90 +214,107 @@ impl IDot for Dotprod {
     }
 }
 
-/// One block of `R` rows in the vector form: `acc[r] += cvt(idot) * (d_w d_a)`,
-/// `msum[r] += m_w s_a`.
-///
-/// # Safety
-/// `w` points to `R` rows of `nb` blocks, `b < nb`; the CPU supports `I`.
+/// Four f32 lanes from four scalars.
 #[inline(always)]
-unsafe fn block_vec<W: WeightBlock, I: IDot, const R: usize>(
-    w: *const W,
-    nb: usize,
-    b: usize,
-    a: &W::Act,
-    acc: &mut [float32x4_t; R],
-    msum: &mut [f32; R],
-) {
-    let y = a.qs();
-    let da = a.d();
-    let sa = if W::HAS_MIN { a.s() } else { 0.0 };
-    for r in 0..R {
-        // SAFETY: `r * nb + b < R * nb`, inside the rows (this function's contract).
-        let wb = unsafe { &*w.add(r * nb + b) };
-        // SAFETY: the CPU supports `I` (this function's contract); the rest are baseline NEON
-        // register intrinsics.
-        acc[r] =
-            unsafe { vfmaq_n_f32(acc[r], vcvtq_f32_s32(I::idot::<W>(wb.qs(), y)), wb.d() * da) };
-        if W::HAS_MIN {
-            msum[r] = wb.m().mul_add(sa, msum[r]);
-        }
-    }
+fn f32x4(v: [f32; 4]) -> float32x4_t {
+    // SAFETY: `v` is valid for 4 readable f32.
+    unsafe { vld1q_f32(v.as_ptr()) }
 }
 
-/// `out[r] = dot(w[r], a)` for `R` rows of `a.len()` blocks, in the vector form.
+/// 4 rows × `T` tokens in the pair form: `w` holds the 4 rows of `nb` blocks, `a` the `T`
+/// tokens of `nb` blocks; returns per token the 4 rows' values in the lanes of a vector.
 ///
 /// # Safety
 /// The CPU supports `I`.
 #[inline(always)]
-pub(super) unsafe fn rows_vec<W: WeightBlock, I: IDot, const R: usize>(
+pub(super) unsafe fn tile4<W: WeightBlock, I: IDot, const T: usize>(
     w: &[W],
     a: &[W::Act],
-    out: &mut [f32],
-) {
-    let nb = a.len();
-    assert!(w.len() == R * nb && out.len() == R, "rows_vec: shape");
-    let wp = w.as_ptr();
-    // SAFETY: baseline NEON register intrinsic.
-    let zero = unsafe { vdupq_n_f32(0.0) };
-    let mut acc0 = [zero; R];
-    let mut acc1 = [zero; R];
-    let mut msum = [0.0f32; R];
-    let (pairs, last) = a.as_chunks::<2>();
-    for (i, ab) in pairs.iter().enumerate() {
-        // SAFETY: `2 i + 1 < nb` and `w` holds `R` rows of `nb` blocks (asserted above); the
-        // CPU supports `I` (this function's contract).
-        unsafe {
-            block_vec::<W, I, R>(wp, nb, 2 * i, &ab[0], &mut acc0, &mut msum);
-            block_vec::<W, I, R>(wp, nb, 2 * i + 1, &ab[1], &mut acc1, &mut msum);
+    nb: usize,
+) -> [float32x4_t; T] {
+    assert!(w.len() == 4 * nb && a.len() == T * nb, "tile4: shape");
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    // SAFETY: the pointer reads stay inside `w` and `a` (`r * nb + b < 4 nb`,
+    // `t * nb + b < T nb`, asserted above); `I` is supported (this function's contract); the
+    // rest are baseline NEON register intrinsics.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); T];
+        let mut msum = [vdupq_n_f32(0.0); T];
+        for b in 0..nb {
+            let wb: [&W; 4] = core::array::from_fn(|r| &*wp.add(r * nb + b));
+            let x = wb.map(|w| w.qs());
+            let dw = f32x4(wb.map(|w| w.d()));
+            let mw = if W::HAS_MIN {
+                f32x4(wb.map(|w| w.m()))
+            } else {
+                vdupq_n_f32(0.0)
+            };
+            for t in 0..T {
+                let ab = &*ap.add(t * nb + b);
+                let y = ab.qs();
+                let s: [int32x4_t; 4] = core::array::from_fn(|r| I::idot::<W>(x[r], y));
+                // Lane r: the exact integer dot product of row r.
+                let isum = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
+                acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(isum), vmulq_n_f32(dw, ab.d()));
+                if W::HAS_MIN {
+                    msum[t] = vfmaq_n_f32(msum[t], mw, ab.s());
+                }
+            }
+        }
+        if W::HAS_MIN {
+            core::array::from_fn(|t| vaddq_f32(acc[t], msum[t]))
+        } else {
+            acc
         }
     }
-    if let [ab] = last {
-        // SAFETY: as above, for the last block `nb - 1`.
-        unsafe { block_vec::<W, I, R>(wp, nb, nb - 1, ab, &mut acc0, &mut msum) };
+}
+
+/// 1 row × `T` tokens in the pair form (scalar accumulation, same operations as a lane of
+/// [`tile4`]): `w` holds the row's `nb` blocks, `a` the `T` tokens of `nb` blocks.
+///
+/// # Safety
+/// The CPU supports `I`.
+#[inline(always)]
+pub(super) unsafe fn tile1<W: WeightBlock, I: IDot, const T: usize>(
+    w: &[W],
+    a: &[W::Act],
+    nb: usize,
+) -> [f32; T] {
+    assert!(w.len() == nb && a.len() == T * nb, "tile1: shape");
+    let ap = a.as_ptr();
+    let mut acc = [0.0f32; T];
+    let mut msum = [0.0f32; T];
+    for (b, wb) in w.iter().enumerate() {
+        let x = wb.qs();
+        let dw = wb.d();
+        let mw = if W::HAS_MIN { wb.m() } else { 0.0 };
+        for t in 0..T {
+            // SAFETY: `t * nb + b < T nb == a.len()` (asserted above).
+            let ab = unsafe { &*ap.add(t * nb + b) };
+            // SAFETY: `I` is supported (this function's contract); `vaddvq_s32` is a baseline
+            // NEON register intrinsic.
+            let isum = unsafe { vaddvq_s32(I::idot::<W>(x, ab.qs())) };
+            acc[t] = (isum as f32).mul_add(dw * ab.d(), acc[t]);
+            if W::HAS_MIN {
+                msum[t] = mw.mul_add(ab.s(), msum[t]);
+            }
+        }
     }
-    for r in 0..R {
-        // SAFETY: baseline NEON register intrinsics.
-        let v = unsafe { vaddvq_f32(vaddq_f32(acc0[r], acc1[r])) };
-        out[r] = if W::HAS_MIN { v + msum[r] } else { v };
-    }
+    core::array::from_fn(|t| if W::HAS_MIN { acc[t] + msum[t] } else { acc[t] })
 }
 
 /// `vec_dot` on base NEON.
 pub(crate) fn vec_dot_neon<W: WeightBlock>(x: &[W], y: &[W::Act]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot: length mismatch");
-    let mut out = [0.0f32];
     // SAFETY: `Neon` needs nothing beyond the aarch64 baseline.
-    unsafe { rows_vec::<W, Neon, 1>(x, y, &mut out) };
-    out[0]
+    unsafe { tile1::<W, Neon, 1>(x, y, y.len())[0] }
 }
 
 /// The body of [`vec_dot_dotprod`], compiled for dotprod.
 #[target_feature(enable = "dotprod")]
 fn vec_dot_dotprod_body<W: WeightBlock>(x: &[W], y: &[W::Act]) -> f32 {
-    let mut out = [0.0f32];
     // SAFETY: this function is only entered on a CPU with dotprod (its `target_feature`).
-    unsafe { rows_vec::<W, Dotprod, 1>(x, y, &mut out) };
-    out[0]
+    unsafe { tile1::<W, Dotprod, 1>(x, y, y.len())[0] }
 }
 
 /// `vec_dot` with `sdot`. Only reachable through the DOTPROD/I8MM tables.

@@ -1,83 +1,30 @@
 //! Matrix-matrix products over a prompt batch: `out[r * n_tok + t] = dot(w[r], a[t])`.
 //!
-//! Base NEON and dotprod: register tiles of [`ROWS`] rows × [`TOKS`] tokens, each pair
-//! (row, token) in the "pair form": per block the exact integer products in 4 i32 lanes,
-//! converted and fused-multiply-added with `d_w d_a` into one f32x4 accumulator, horizontally
-//! summed at the end, plus (Q4_1) the sequential fused sum of `m_w s_a`. Edge tiles (fewer
-//! rows or tokens) apply the same per-pair sequence, so a pair's bits never depend on the tile
-//! it fell in, hence not on the range of rows a caller passes.
+//! Base NEON and dotprod: register tiles of 4 rows × [`TOKS`] tokens ([`tile4`]); the last
+//! tokens of a row group go one by one, the last rows (fewer than 4) through [`tile1`].
 //!
 //! i8mm: `smmla` multiplies a 2×8 block of two weight rows by a 2×8 block of two tokens into a
-//! 2×2 tile of exact i32 sums; four of them cover a block. Per pair, the block's exact integer
-//! sum is fused-multiply-added with `d_w d_a` into one f32 lane. Odd rows or tokens are padded
-//! by repeating the last one (the duplicate lanes compute the very same values), so the pair
-//! form is the same in every tile.
+//! 2×2 tile of exact i32 sums; four of them cover a block. Odd rows or tokens are padded by
+//! repeating the last one (the duplicate lanes compute the very same values).
+//!
+//! Every tile computes each (row, token) pair in the pair form described in `dot.rs`, so a
+//! pair's bits never depend on the tile it fell in, hence not on the range of rows a caller
+//! passes.
 
-use super::dot::{ActBlock, Dotprod, IDot, Neon, WeightBlock};
+use super::dot::{ActBlock, Dotprod, IDot, Neon, WeightBlock, tile1, tile4};
 use crate::reference::check_matmul;
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-/// Rows per tile of the NEON/dotprod matrix products.
-const ROWS: usize = 4;
 /// Tokens per tile of the NEON/dotprod matrix products.
-const TOKS: usize = 2;
+const TOKS: usize = 4;
 
-/// `R` rows × `T` tokens in the pair form. `w` holds the `R` rows of `nb` blocks, `a` the
-/// `T` tokens of `nb` blocks.
+/// Rows `r..r + 4`, tokens `t..t + T`.
 ///
 /// # Safety
 /// The CPU supports `I`.
 #[inline(always)]
-unsafe fn tile<W: WeightBlock, I: IDot, const R: usize, const T: usize>(
-    w: &[W],
-    a: &[W::Act],
-    nb: usize,
-) -> [[f32; T]; R] {
-    assert!(w.len() == R * nb && a.len() == T * nb, "matmul tile: shape");
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    // SAFETY: baseline NEON register intrinsic.
-    let mut acc = [[unsafe { vdupq_n_f32(0.0) }; T]; R];
-    let mut msum = [[0.0f32; T]; R];
-    for b in 0..nb {
-        // SAFETY: `t * nb + b < T * nb == a.len()` (asserted above).
-        let acts: [&W::Act; T] = core::array::from_fn(|t| unsafe { &*ap.add(t * nb + b) });
-        let y = acts.map(|a| a.qs());
-        let da = acts.map(|a| a.d());
-        let sa = acts.map(|a| if W::HAS_MIN { a.s() } else { 0.0 });
-        for r in 0..R {
-            // SAFETY: `r * nb + b < R * nb == w.len()` (asserted above).
-            let wb = unsafe { &*wp.add(r * nb + b) };
-            let x = wb.qs();
-            let dw = wb.d();
-            let mw = if W::HAS_MIN { wb.m() } else { 0.0 };
-            for t in 0..T {
-                // SAFETY: the CPU supports `I` (this function's contract); the rest are
-                // baseline NEON register intrinsics.
-                acc[r][t] = unsafe {
-                    vfmaq_n_f32(acc[r][t], vcvtq_f32_s32(I::idot::<W>(x, y[t])), dw * da[t])
-                };
-                if W::HAS_MIN {
-                    msum[r][t] = mw.mul_add(sa[t], msum[r][t]);
-                }
-            }
-        }
-    }
-    core::array::from_fn(|r| {
-        core::array::from_fn(|t| {
-            // SAFETY: baseline NEON register intrinsic.
-            let v = unsafe { vaddvq_f32(acc[r][t]) };
-            if W::HAS_MIN { v + msum[r][t] } else { v }
-        })
-    })
-}
-
-/// Computes the tile at row `r`, token `t` and stores it into `out`.
-///
-/// # Safety
-/// The CPU supports `I`.
-#[inline(always)]
-unsafe fn run_tile<W: WeightBlock, I: IDot, const R: usize, const T: usize>(
+unsafe fn run_tile4<W: WeightBlock, I: IDot, const T: usize>(
     w: &[W],
     a: &[W::Act],
     nb: usize,
@@ -87,35 +34,34 @@ unsafe fn run_tile<W: WeightBlock, I: IDot, const R: usize, const T: usize>(
     t: usize,
 ) {
     // SAFETY: the CPU supports `I` (this function's contract).
-    let v = unsafe { tile::<W, I, R, T>(&w[r * nb..(r + R) * nb], &a[t * nb..(t + T) * nb], nb) };
-    for (i, vr) in v.iter().enumerate() {
-        out[(r + i) * n_tok + t..][..T].copy_from_slice(vr);
+    let v = unsafe { tile4::<W, I, T>(&w[r * nb..(r + 4) * nb], &a[t * nb..(t + T) * nb], nb) };
+    for (j, v) in v.into_iter().enumerate() {
+        let mut lanes = [0.0f32; 4];
+        // SAFETY: `lanes` is valid for 4 writable f32.
+        unsafe { vst1q_f32(lanes.as_mut_ptr(), v) };
+        for (i, x) in lanes.into_iter().enumerate() {
+            out[(r + i) * n_tok + t + j] = x;
+        }
     }
 }
 
-/// All tokens of the rows `r..r + R`.
+/// Row `r`, tokens `t..t + T`.
 ///
 /// # Safety
 /// The CPU supports `I`.
 #[inline(always)]
-unsafe fn row_group<W: WeightBlock, I: IDot, const R: usize>(
+unsafe fn run_tile1<W: WeightBlock, I: IDot, const T: usize>(
     w: &[W],
     a: &[W::Act],
     nb: usize,
     n_tok: usize,
     out: &mut [f32],
     r: usize,
+    t: usize,
 ) {
-    let mut t = 0;
-    // SAFETY (all calls): the CPU supports `I` (this function's contract).
-    while t + TOKS <= n_tok {
-        unsafe { run_tile::<W, I, R, TOKS>(w, a, nb, n_tok, out, r, t) };
-        t += TOKS;
-    }
-    while t < n_tok {
-        unsafe { run_tile::<W, I, R, 1>(w, a, nb, n_tok, out, r, t) };
-        t += 1;
-    }
+    // SAFETY: the CPU supports `I` (this function's contract).
+    let v = unsafe { tile1::<W, I, T>(&w[r * nb..(r + 1) * nb], &a[t * nb..(t + T) * nb], nb) };
+    out[r * n_tok + t..][..T].copy_from_slice(&v);
 }
 
 /// # Safety
@@ -131,12 +77,28 @@ unsafe fn matmul_impl<W: WeightBlock, I: IDot>(
 ) {
     let mut r = 0;
     // SAFETY (all calls): the CPU supports `I` (this function's contract).
-    while r + ROWS <= rows {
-        unsafe { row_group::<W, I, ROWS>(w, a, nb, n_tok, out, r) };
-        r += ROWS;
+    while r + 4 <= rows {
+        let mut t = 0;
+        while t + TOKS <= n_tok {
+            unsafe { run_tile4::<W, I, TOKS>(w, a, nb, n_tok, out, r, t) };
+            t += TOKS;
+        }
+        while t < n_tok {
+            unsafe { run_tile4::<W, I, 1>(w, a, nb, n_tok, out, r, t) };
+            t += 1;
+        }
+        r += 4;
     }
     while r < rows {
-        unsafe { row_group::<W, I, 1>(w, a, nb, n_tok, out, r) };
+        let mut t = 0;
+        while t + TOKS <= n_tok {
+            unsafe { run_tile1::<W, I, TOKS>(w, a, nb, n_tok, out, r, t) };
+            t += TOKS;
+        }
+        while t < n_tok {
+            unsafe { run_tile1::<W, I, 1>(w, a, nb, n_tok, out, r, t) };
+            t += 1;
+        }
         r += 1;
     }
 }

@@ -1,30 +1,28 @@
 //! Matrix-vector products (token generation): four weight rows per pass share each loaded
-//! activation block and its scale; the remaining rows go one by one. Both use
-//! [`rows_vec`], whose per-row sequence of operations does not depend on the number of rows
-//! it is given, so `out[r]` has the same bits whatever range of rows a caller passes.
+//! activation block and its scale ([`tile4`]), the remaining rows go one by one ([`tile1`]);
+//! both compute a row in the same pair form, so `out[r]` has the same bits whatever range of
+//! rows a caller passes.
 
-use super::dot::{Dotprod, IDot, Neon, WeightBlock, rows_vec};
+use super::dot::{Dotprod, IDot, Neon, WeightBlock, tile1, tile4};
 use crate::reference::check_matvec;
-
-/// Rows per pass of the matrix-vector products.
-const ROWS: usize = 4;
+use core::arch::aarch64::*;
 
 /// # Safety
-/// The CPU supports `I`.
+/// The CPU supports `I`; the shapes passed [`check_matvec`].
 #[inline(always)]
 unsafe fn matvec_impl<W: WeightBlock, I: IDot>(w: &[W], a: &[W::Act], out: &mut [f32]) {
     let nb = a.len();
-    let (groups, tail) = out.as_chunks_mut::<ROWS>();
-    let (wg, wt) = w.split_at(groups.len() * ROWS * nb);
+    let (groups, tail) = out.as_chunks_mut::<4>();
+    let (wg, wt) = w.split_at(groups.len() * 4 * nb);
     for (i, o) in groups.iter_mut().enumerate() {
-        let rows = &wg[i * ROWS * nb..(i + 1) * ROWS * nb];
-        // SAFETY: the CPU supports `I` (this function's contract).
-        unsafe { rows_vec::<W, I, ROWS>(rows, a, o) };
+        let rows = &wg[i * 4 * nb..(i + 1) * 4 * nb];
+        // SAFETY: the CPU supports `I` (this function's contract); `o` is valid for 4
+        // writable f32.
+        unsafe { vst1q_f32(o.as_mut_ptr(), tile4::<W, I, 1>(rows, a, nb)[0]) };
     }
     for (r, o) in tail.iter_mut().enumerate() {
-        let row = &wt[r * nb..(r + 1) * nb];
         // SAFETY: as above.
-        unsafe { rows_vec::<W, I, 1>(row, a, core::slice::from_mut(o)) };
+        *o = unsafe { tile1::<W, I, 1>(&wt[r * nb..(r + 1) * nb], a, nb)[0] };
     }
 }
 
