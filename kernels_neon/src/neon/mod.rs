@@ -14,8 +14,9 @@
 //!
 //! Determinism: the engine splits the rows of a product across threads and needs the same bits
 //! whatever the split. Every row (matvec) or (row, token) pair (matmul) is computed by one
-//! fixed sequence of operations per path, the same in multi-row tiles and in the tails (see
-//! `dot.rs` and `matmul.rs`); `tests/row_split.rs` checks it.
+//! fixed sequence of operations, the same in multi-row tiles and in the tails, and the same on
+//! the three paths (exact integer block sums, then fused multiply-adds in block order; see
+//! `dot.rs`); `tests/row_split.rs` checks both.
 
 mod dot;
 mod fp16;
