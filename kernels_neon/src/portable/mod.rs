@@ -14,6 +14,8 @@ mod matmul;
 mod ops;
 mod quant;
 mod simd;
+#[cfg(test)]
+mod tests;
 
 use crate::dispatch::{Kernels, Path};
 

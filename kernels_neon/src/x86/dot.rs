@@ -1,11 +1,15 @@
-//! Per-block integer dot products of the three weight formats (ggml's `maddubs`/`madd` path)
-//! behind one trait, so that the register tiles in `matmul.rs` are written once.
+//! Per-block integer dot products of the three weight formats for groups of four weight rows
+//! against one activation block, behind one trait so that the register tiles in `matmul.rs`
+//! are written once.
 //!
-//! The integer sum of a block is exact whatever the instruction sequence, so each format may
-//! prepare its operands differently from ggml (Q4_0 keeps the nibbles unsigned and subtracts
-//! `8 * y` per pair instead of using `sign`) without changing any result.
+//! A group's sums come out "half reduced" in a format-specific layout ([`Fmt::isum_group`]);
+//! [`Fmt::combine`] merges two groups (or one group with itself) into 8 lanes of exact block
+//! sums, lane `k` holding row [`Fmt::LANES`]`[G - 1][k]`. The products go through ggml's
+//! `maddubs`; the horizontal reductions are shared between rows (unpacks and adds, no `hadd`:
+//! LLVM rewrites it into longer shuffle sequences for a generic x86-64 target). Integer sums
+//! are exact, so the order inside them does not matter.
 
-use super::simd::{f16_to_f32, load_i8x32, unpack_nibbles};
+use super::simd::{f16_to_f32, load_i8x32};
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
 use std::arch::x86_64::*;
 
@@ -16,67 +20,147 @@ use std::arch::x86_64::*;
 /// those features (every caller is itself such a function, reached from the AVX2 table).
 pub(super) trait Fmt {
     /// Weight block.
-    type W: Copy;
+    type W: Copy + Default;
     /// Activation block.
     type A: Copy;
-    /// A weight block prepared for [`Fmt::isum`] (computed once, used for every token).
-    type WP: Copy;
-    /// An activation block prepared for [`Fmt::isum`] (computed once, used for every row).
+    /// Four weight blocks (one per row of a group) prepared for [`Fmt::isum_group`].
+    type GP: Copy;
+    /// An activation block prepared for [`Fmt::isum_group`] (computed once, used for every
+    /// group).
     type AP: Copy;
     /// Whether the format has the `m * s` offset term (Q4_1).
     const HAS_MIN: bool;
+    /// Whether [`Fmt::a_corr`] must be subtracted from each block's integer sum (Q4_0).
+    const HAS_CORR: bool;
+    /// The row (within the tile) of each lane of [`Fmt::combine`]'s result, for one group
+    /// (`combine(h, h)`, each row twice) and for two groups.
+    const LANES: [[usize; 8]; 2];
 
-    /// A placeholder value (to initialise arrays).
-    unsafe fn wp_zero() -> Self::WP;
-    unsafe fn prep_w(w: &Self::W) -> Self::WP;
+    unsafe fn prep_group(w: [&Self::W; 4]) -> Self::GP;
     unsafe fn prep_a(a: &Self::A) -> Self::AP;
-    /// Eight i32 whose sum is the block's exact integer dot product.
-    unsafe fn isum(w: Self::WP, a: Self::AP) -> __m256i;
+    /// The group's integer sums, half reduced.
+    unsafe fn isum_group(g: &Self::GP, a: &Self::AP) -> __m256i;
+    /// Two groups' half-reduced sums → 8 lanes of block sums in the order of `LANES`.
+    unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i;
     fn w_d(w: &Self::W) -> f16;
     /// The weight offset `m` (0 unless `HAS_MIN`).
     fn w_m(w: &Self::W) -> f16;
     fn a_d(a: &Self::A) -> f16;
     /// The activation sum `s` (0 unless `HAS_MIN`).
     fn a_s(a: &Self::A) -> f16;
+    /// The integer to subtract from the block sums with this activation block (0 unless
+    /// `HAS_CORR`); computed once per call.
+    fn a_corr(_: &Self::A) -> i32 {
+        0
+    }
 }
 
-/// Q4_0 × Q8_0: `sum((q - 8) * y) = sum(q * y) - sum(8 * y)`, both through `maddubs` with the
-/// unsigned nibbles (`8 * y` pairs are computed once per activation block).
+/// Q4 weights of two rows side by side: `[A | B]` low nibbles (values 0..16 of each block)
+/// and high nibbles (16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles2(a: &[u8; 16], b: &[u8; 16]) -> (__m256i, __m256i) {
+    // SAFETY: both references cover 16 readable bytes; `loadu` has no alignment requirement.
+    let (qa, qb) = unsafe {
+        (
+            _mm_loadu_si128(a.as_ptr().cast()),
+            _mm_loadu_si128(b.as_ptr().cast()),
+        )
+    };
+    let q = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(qa), qb);
+    let m = _mm256_set1_epi8(0x0f);
+    (
+        _mm256_and_si256(q, m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m),
+    )
+}
+
+/// The activations as `[y0..16 | y0..16]` and `[y16..32 | y16..32]`, to meet [`nibbles2`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn act_halves(qs: &[i8; 32]) -> (__m256i, __m256i) {
+    // SAFETY: the reference covers 32 readable bytes; `loadu` has no alignment requirement.
+    let (lo, hi) = unsafe {
+        (
+            _mm_loadu_si128(qs.as_ptr().cast()),
+            _mm_loadu_si128(qs[16..].as_ptr().cast()),
+        )
+    };
+    (
+        _mm256_broadcastsi128_si256(lo),
+        _mm256_broadcastsi128_si256(hi),
+    )
+}
+
+/// Four Q4 rows (prepared by [`nibbles2`] in pairs AB, CD) against the activations: products
+/// of a row's low and high halves added in i16 (at most 4*15*128 per lane), widened by `madd`
+/// and reduced to `[A A C C | B B D D]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn isum_q4(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let ab = _mm256_add_epi16(
+        _mm256_maddubs_epi16(g[0], *ylo),
+        _mm256_maddubs_epi16(g[1], *yhi),
+    );
+    let cd = _mm256_add_epi16(
+        _mm256_maddubs_epi16(g[2], *ylo),
+        _mm256_maddubs_epi16(g[3], *yhi),
+    );
+    let (ab, cd) = (_mm256_madd_epi16(ab, ones), _mm256_madd_epi16(cd, ones));
+    // [a0 a1 a2 a3 | b..] [c..| d..] → [a0+a2 a1+a3 c0+c2 c1+c3 | b.. d..] → pairs added.
+    let t = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b1011_0001>(t))
+}
+
+/// `[A A C C | B B D D]` of two groups → `[A E C G | B F D H]`.
+const Q4_LANES: [[usize; 8]; 2] = [[0, 0, 2, 2, 1, 1, 3, 3], [0, 4, 2, 6, 1, 5, 3, 7]];
+
+macro_rules! q4_common {
+    ($w:ty) => {
+        type GP = [__m256i; 4];
+        type AP = (__m256i, __m256i);
+        const LANES: [[usize; 8]; 2] = Q4_LANES;
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn prep_group(w: [&$w; 4]) -> [__m256i; 4] {
+            let (ab_lo, ab_hi) = nibbles2(&w[0].qs, &w[1].qs);
+            let (cd_lo, cd_hi) = nibbles2(&w[2].qs, &w[3].qs);
+            [ab_lo, ab_hi, cd_lo, cd_hi]
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn isum_group(g: &[__m256i; 4], a: &(__m256i, __m256i)) -> __m256i {
+            isum_q4(g, a)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i {
+            _mm256_blend_epi32::<0b1010_1010>(h0, h1)
+        }
+        #[inline]
+        fn w_d(w: &$w) -> f16 {
+            w.d
+        }
+    };
+}
+
+/// Q4_0 × Q8_0: `sum((q - 8) * y) = sum(q * y) - 8 * sum(y)`, the first through `maddubs` of
+/// the unsigned nibbles, the second once per activation block for all rows ([`Fmt::a_corr`]).
 pub(super) struct Q4_0;
 
 impl Fmt for Q4_0 {
     type W = BlockQ4_0;
     type A = BlockQ8_0;
-    type WP = __m256i;
-    type AP = (__m256i, __m256i);
     const HAS_MIN: bool = false;
+    const HAS_CORR: bool = true;
+    q4_common!(BlockQ4_0);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn wp_zero() -> __m256i {
-        _mm256_setzero_si256()
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prep_w(w: &BlockQ4_0) -> __m256i {
-        unpack_nibbles(&w.qs)
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn prep_a(a: &BlockQ8_0) -> (__m256i, __m256i) {
-        let y = load_i8x32(&a.qs);
-        (y, _mm256_maddubs_epi16(_mm256_set1_epi8(8), y))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(x: __m256i, (y, y8): (__m256i, __m256i)) -> __m256i {
-        // Pairs: |q*y + q'*y'| <= 2*15*127 and |8y + 8y'| <= 2032: no i16 saturation.
-        let p = _mm256_sub_epi16(_mm256_maddubs_epi16(x, y), y8);
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
-    }
-    #[inline]
-    fn w_d(w: &BlockQ4_0) -> f16 {
-        w.d
+        act_halves(&a.qs)
     }
     #[inline]
     fn w_m(_: &BlockQ4_0) -> f16 {
@@ -90,41 +174,26 @@ impl Fmt for Q4_0 {
     fn a_s(_: &BlockQ8_0) -> f16 {
         f16::ZERO
     }
+    fn a_corr(a: &BlockQ8_0) -> i32 {
+        8 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>()
+    }
 }
 
-/// Q4_1 × Q8_1: `maddubs` of the unsigned nibbles and the activations; `m * s` added apart.
+/// Q4_1 × Q8_1: `maddubs` of the unsigned nibbles and the activations; `m * s` is added by
+/// the tile.
 pub(super) struct Q4_1;
 
 impl Fmt for Q4_1 {
     type W = BlockQ4_1;
     type A = BlockQ8_1;
-    type WP = __m256i;
-    type AP = __m256i;
     const HAS_MIN: bool = true;
+    const HAS_CORR: bool = false;
+    q4_common!(BlockQ4_1);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn wp_zero() -> __m256i {
-        _mm256_setzero_si256()
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prep_w(w: &BlockQ4_1) -> __m256i {
-        unpack_nibbles(&w.qs)
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prep_a(a: &BlockQ8_1) -> __m256i {
-        load_i8x32(&a.qs)
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(x: __m256i, y: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
-    }
-    #[inline]
-    fn w_d(w: &BlockQ4_1) -> f16 {
-        w.d
+    unsafe fn prep_a(a: &BlockQ8_1) -> (__m256i, __m256i) {
+        act_halves(&a.qs)
     }
     #[inline]
     fn w_m(w: &BlockQ4_1) -> f16 {
@@ -140,38 +209,60 @@ impl Fmt for Q4_1 {
     }
 }
 
-/// Q8_0 × Q8_0: ggml's sign trick, `maddubs(|x|, sign(y, x))`. `|x| <= 127` for quantizer
-/// output (and 128 for a stray -128, still without i16 saturation: 2*128*127 < 32768).
+/// Q8_0 × Q8_0: ggml's sign trick, `maddubs(|x|, sign(y, x))`, reduced in i32 (pair sums
+/// reach 2*128*127). Exact for any weights; an activation of -128 against a negative weight
+/// would wrap (`sign` negates it), but the activations come from our quantizer, whose output is
+/// within -127..=127 (`|round(v / d)| <= 127`), as in ggml.
 pub(super) struct Q8_0;
 
 impl Fmt for Q8_0 {
     type W = BlockQ8_0;
     type A = BlockQ8_0;
-    type WP = (__m256i, __m256i);
+    type GP = [(__m256i, __m256i); 4];
     type AP = __m256i;
     const HAS_MIN: bool = false;
+    const HAS_CORR: bool = false;
+    /// `[r0 r1 r2 r3 | r4 r5 r6 r7]`, one group repeated.
+    const LANES: [[usize; 8]; 2] = [[0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7]];
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn wp_zero() -> (__m256i, __m256i) {
-        (_mm256_setzero_si256(), _mm256_setzero_si256())
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prep_w(w: &BlockQ8_0) -> (__m256i, __m256i) {
-        let x = load_i8x32(&w.qs);
-        (_mm256_sign_epi8(x, x), x)
+    unsafe fn prep_group(w: [&BlockQ8_0; 4]) -> [(__m256i, __m256i); 4] {
+        w.map(|b| {
+            let x = load_i8x32(&b.qs);
+            (_mm256_sign_epi8(x, x), x)
+        })
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn prep_a(a: &BlockQ8_0) -> __m256i {
         load_i8x32(&a.qs)
     }
+    /// `[r0 r1 r2 r3 | r0' r1' r2' r3']`: each row's sums over the two halves of the block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum((ax, x): (__m256i, __m256i), y: __m256i) -> __m256i {
-        let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    unsafe fn isum_group(g: &[(__m256i, __m256i); 4], y: &__m256i) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let p = g.map(|(ax, x)| {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(*y, x)), ones)
+        });
+        // [a0 a1 a2 a3 | ..] x4 → [a0+a2 b0+b2 a1+a3 b1+b3 | ..] → [a b c d | a' b' c' d'].
+        let ab = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(p[0], p[1]),
+            _mm256_unpackhi_epi32(p[0], p[1]),
+        );
+        let cd = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(p[2], p[3]),
+            _mm256_unpackhi_epi32(p[2], p[3]),
+        );
+        _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i {
+        let lo = _mm256_permute2x128_si256::<0x20>(h0, h1);
+        let hi = _mm256_permute2x128_si256::<0x31>(h0, h1);
+        _mm256_add_epi32(lo, hi)
     }
     #[inline]
     fn w_d(w: &BlockQ8_0) -> f16 {

@@ -1,151 +1,167 @@
 //! Dot products, matrix-vector and matrix-matrix products (AVX2).
 //!
-//! Everything goes through one register tile, [`tile`]: `RM` weight rows × `RN` tokens, each
-//! (row, token) pair with its own 8-lane f32 accumulator that receives, block by block,
-//! `fma(cvt(isum), d_w * d_a, acc)` (the product rounded to f32) (then `fma(m, [s, 0, ..], acc)` for Q4_1), and is reduced
-//! by [`hsum_ps`] at the end. That sequence is the same for every pair whatever the tile
-//! shape, so a row's result does not depend on how many rows a caller passes, where the row
-//! falls in a tile, or whether it came through `vec_dot`, `matvec` or `matmul`: tails use
-//! smaller instances of the same tile.
+//! Everything goes through one register tile, [`tile`]: `G` groups of 4 weight rows × `RN`
+//! tokens. Each (row, token) pair owns one f32 lane that receives, block by block,
+//! `fma(f32(sumi), d_w * d_a, acc)` (`sumi` the block's exact integer dot product, `d_w * d_a`
+//! rounded to f32), then `fma(m, s, acc)` for Q4_1: the reference's sequence with fused
+//! multiply-adds. It is the same for every pair whatever the tile shape, so a row's result
+//! does not depend on how many rows a caller passes, where the row falls in a tile, or whether
+//! it came through `vec_dot`, `matvec` or `matmul`: edges use smaller instances of the same
+//! tile (a group padded with zero rows, fewer tokens).
 
 use super::dot::{Fmt, Q4_0, Q4_1, Q8_0, scales_to_f32};
-use super::simd::{hsum_ps, store_ps4};
+use super::simd::store_ps;
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
 
-/// Weight rows per pass of a matrix-vector product (they share each activation block).
-const MV_ROWS: usize = 4;
-/// Register tile of a matrix-matrix product.
-const MM_ROWS: usize = 4;
-const MM_TOKS: usize = 2;
+/// Groups of 4 rows per pass of a matrix-vector product (they share each activation block).
+const MV_GROUPS: usize = 2;
+/// How far ahead (in bytes) the weights are prefetched: 4-16 KiB measured best for the LM
+/// head matrix-vector product (16 MB) on Zen 4, more thrashes L1.
+const PREFETCH_BYTES: usize = 8192;
+/// Register tile of a matrix-matrix product: `MM_GROUPS` groups of 4 rows × `MM_TOKS` tokens.
+const MM_GROUPS: usize = 2;
+const MM_TOKS: usize = 3;
 
-/// `RM` rows of `w` (`nb` blocks each) against `RN` tokens of `a`; `ad`/`asum` are the
-/// tokens' scales `d` and `s` as f32 (`RN * nb` each; `asum` unused without `HAS_MIN`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile<F: Fmt, const RM: usize, const RN: usize>(
-    w: &[F::W],
-    a: &[F::A],
-    ad: &[f32],
-    asum: &[f32],
+struct Problem<'a, F: Fmt> {
+    w: &'a [F::W],
+    a: &'a [F::A],
+    /// Per activation block, token-major like `a`: `d` and `s` as f32, and the integer
+    /// correction of [`Fmt::a_corr`] (the last two only when the format has them).
+    ad: &'a [f32],
+    asum: &'a [f32],
+    acorr: &'a [i32],
     nb: usize,
-) -> [[f32; RN]; RM] {
-    const { assert!(RM >= 1 && RM <= 4 && RN >= 1) };
-    // Plain loops rather than `array::from_fn`: its closures are not always inlined here.
-    let mut rows: [&[F::W]; RM] = [&[]; RM];
-    for (i, r) in rows.iter_mut().enumerate() {
-        *r = &w[i * nb..][..nb];
-    }
-    let mut toks: [&[F::A]; RN] = [&[]; RN];
-    let mut tok_d: [&[f32]; RN] = [&[]; RN];
-    let mut tok_s: [&[f32]; RN] = [&[]; RN];
-    for j in 0..RN {
-        toks[j] = &a[j * nb..][..nb];
-        tok_d[j] = &ad[j * nb..][..nb];
-        if F::HAS_MIN {
-            tok_s[j] = &asum[j * nb..][..nb];
-        }
-    }
-    let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-    for b in 0..nb {
-        // SAFETY (all `unsafe` calls below): `Fmt`'s functions need avx2, fma and f16c, which
-        // this function runs with.
-        let mut wp = [unsafe { F::wp_zero() }; RM];
-        // The rows' f16 `d` (and `m`) gathered in general registers and widened in one go:
-        // `d` in lanes 0..RM, `m` in lanes 4..4+RM.
-        let mut dbits = 0u64;
-        let mut mbits = 0u64;
-        for i in 0..RM {
-            let blk = &rows[i][b];
-            wp[i] = unsafe { F::prep_w(blk) };
-            dbits |= u64::from(F::w_d(blk).to_bits()) << (16 * i);
-            if F::HAS_MIN {
-                mbits |= u64::from(F::w_m(blk).to_bits()) << (16 * i);
-            }
-        }
-        let wdm = _mm256_cvtph_ps(_mm_set_epi64x(mbits as i64, dbits as i64));
-        let mut wm = [0.0f32; 4];
-        if F::HAS_MIN {
-            store_ps4(&mut wm, _mm256_extractf128_ps::<1>(wdm));
-        }
-        for j in 0..RN {
-            let ap = unsafe { F::prep_a(&toks[j][b]) };
-            // d_w * d_a of the RM pairs of this token.
-            let mut sc = [0.0f32; 4];
-            store_ps4(
-                &mut sc,
-                _mm_mul_ps(_mm256_castps256_ps128(wdm), _mm_set1_ps(tok_d[j][b])),
-            );
-            let sv = if F::HAS_MIN {
-                _mm256_zextps128_ps256(_mm_set_ss(tok_s[j][b]))
-            } else {
-                _mm256_setzero_ps()
-            };
-            for i in 0..RM {
-                let p = _mm256_cvtepi32_ps(unsafe { F::isum(wp[i], ap) });
-                acc[i][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(sc[i]), acc[i][j]);
-                if F::HAS_MIN {
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(wm[i]), sv, acc[i][j]);
-                }
-            }
-        }
-    }
-    let mut res = [[0.0; RN]; RM];
-    for i in 0..RM {
-        for j in 0..RN {
-            res[i][j] = hsum_ps(acc[i][j]);
-        }
-    }
-    res
+    n_tok: usize,
 }
 
-/// One tile at rows `r..r+RM` × tokens `t..t+RN`, written into `out` (`[row][tok]`).
+/// Rows `r..r+RV` (`G` groups of 4, the last one possibly padded) × tokens `t..t+RN`, written
+/// into `out` (`[row][tok]`).
+///
+/// The accumulators hold the rows in the lane order of [`Fmt::LANES`]; with `G == 1` every row
+/// appears twice, which keeps the code 8 lanes wide. Rows past `RV` are zero blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_out<F: Fmt, const RM: usize, const RN: usize>(
+fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
     p: &Problem<'_, F>,
     r: usize,
     t: usize,
     out: &mut [f32],
 ) {
+    const { assert!((G == 1 || G == 2) && RV >= 1 && RV <= 4 * G && RV > 4 * (G - 1) && RN >= 1) };
     let nb = p.nb;
-    let res = tile::<F, RM, RN>(
-        &p.w[r * nb..],
-        &p.a[t * nb..],
-        &p.ad[t * nb..],
-        if F::HAS_MIN { &p.asum[t * nb..] } else { &[] },
-        nb,
-    );
-    for (i, row) in res.iter().enumerate() {
-        out[(r + i) * p.n_tok + t..][..RN].copy_from_slice(row);
+    // Plain loops rather than `array::from_fn`: its closures are not always inlined here.
+    let mut rows: [&[F::W]; RV] = [&[]; RV];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = &p.w[(r + i) * nb..][..nb];
+    }
+    let mut toks: [&[F::A]; RN] = [&[]; RN];
+    let mut tok_d: [&[f32]; RN] = [&[]; RN];
+    let mut tok_s: [&[f32]; RN] = [&[]; RN];
+    let mut tok_c: [&[i32]; RN] = [&[]; RN];
+    for j in 0..RN {
+        toks[j] = &p.a[(t + j) * nb..][..nb];
+        tok_d[j] = &p.ad[(t + j) * nb..][..nb];
+        if F::HAS_MIN {
+            tok_s[j] = &p.asum[(t + j) * nb..][..nb];
+        }
+        if F::HAS_CORR {
+            tok_c[j] = &p.acorr[(t + j) * nb..][..nb];
+        }
+    }
+    let lanes = F::LANES[G - 1];
+    let zero = F::W::default();
+    let mut acc = [_mm256_setzero_ps(); RN];
+    // The tile's weights are `RV * nb` contiguous blocks and block `b` of all rows is on
+    // average `b * RV` blocks in: the first token tile of a row range, which streams the
+    // weights from memory, prefetches as far into the weights `PREFETCH_BYTES` ahead.
+    let wbase = p.w[r * nb..].as_ptr().cast::<u8>();
+    let wsz = std::mem::size_of::<F::W>();
+    for b in 0..nb {
+        if t == 0 {
+            let at = wbase.wrapping_add(PREFETCH_BYTES + b * RV * wsz);
+            for k in 0..(RV * wsz).div_ceil(64) {
+                // SAFETY: a prefetch is a hint that never faults and has no effect on memory
+                // as the program sees it; the address is computed with `wrapping_add`. (Newer
+                // compilers treat the intrinsic as safe, hence the `allow`.)
+                #[allow(unused_unsafe)]
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * k).cast())
+                };
+            }
+        }
+        // SAFETY (all `unsafe` calls below): `Fmt`'s functions need avx2, fma and f16c, which
+        // this function runs with.
+        let blk = |i: usize| if i < RV { &rows[i][b] } else { &zero };
+        let g0 = unsafe { F::prep_group([blk(0), blk(1), blk(2), blk(3)]) };
+        let g1 = if G == 2 {
+            unsafe { F::prep_group([blk(4), blk(5), blk(6), blk(7)]) }
+        } else {
+            g0
+        };
+        // The rows' f16 `d` (and `m`) in lane order, gathered in general registers (cheaper
+        // than a chain of `pinsrw`) and widened in one go.
+        let mut dbits = [0u64; 2];
+        let mut mbits = [0u64; 2];
+        for (k, &row) in lanes.iter().enumerate() {
+            let blk = blk(row);
+            dbits[k / 4] |= u64::from(F::w_d(blk).to_bits()) << (16 * (k % 4));
+            if F::HAS_MIN {
+                mbits[k / 4] |= u64::from(F::w_m(blk).to_bits()) << (16 * (k % 4));
+            }
+        }
+        let wd = _mm256_cvtph_ps(_mm_set_epi64x(dbits[1] as i64, dbits[0] as i64));
+        let wm = if F::HAS_MIN {
+            _mm256_cvtph_ps(_mm_set_epi64x(mbits[1] as i64, mbits[0] as i64))
+        } else {
+            _mm256_setzero_ps()
+        };
+        for j in 0..RN {
+            let ap = unsafe { F::prep_a(&toks[j][b]) };
+            let h0 = unsafe { F::isum_group(&g0, &ap) };
+            let h1 = if G == 2 {
+                unsafe { F::isum_group(&g1, &ap) }
+            } else {
+                h0
+            };
+            let mut sumi = unsafe { F::combine(h0, h1) };
+            if F::HAS_CORR {
+                sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(tok_c[j][b]));
+            }
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(tok_d[j][b]));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[j]);
+            if F::HAS_MIN {
+                acc[j] = _mm256_fmadd_ps(wm, _mm256_set1_ps(tok_s[j][b]), acc[j]);
+            }
+        }
+    }
+    for j in 0..RN {
+        let mut l = [0.0f32; 8];
+        store_ps(&mut l, acc[j]);
+        for (k, &row) in lanes.iter().enumerate() {
+            if row < RV {
+                out[(r + row) * p.n_tok + t + j] = l[k];
+            }
+        }
     }
 }
 
-struct Problem<'a, F: Fmt> {
-    w: &'a [F::W],
-    a: &'a [F::A],
-    ad: &'a [f32],
-    asum: &'a [f32],
-    nb: usize,
-    n_tok: usize,
-}
-
-/// Picks the tile instance for `rm` rows (1..=4) × `rn` tokens (1..=4).
+/// Picks the tile instance for `rv` rows (1..=4) × `rn` tokens (1..=4).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rm: usize, rn: usize, out: &mut [f32]) {
+fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rv: usize, rn: usize, out: &mut [f32]) {
     macro_rules! by_rn {
-        ($rm:literal) => {
+        ($rv:literal) => {
             match rn {
-                1 => tile_out::<F, $rm, 1>(p, r, t, out),
-                2 => tile_out::<F, $rm, 2>(p, r, t, out),
-                3 => tile_out::<F, $rm, 3>(p, r, t, out),
-                _ => tile_out::<F, $rm, 4>(p, r, t, out),
+                1 => tile::<F, 1, $rv, 1>(p, r, t, out),
+                2 => tile::<F, 1, $rv, 2>(p, r, t, out),
+                3 => tile::<F, 1, $rv, 3>(p, r, t, out),
+                _ => tile::<F, 1, $rv, 4>(p, r, t, out),
             }
         };
     }
-    match rm {
+    match rv {
         1 => by_rn!(1),
         2 => by_rn!(2),
         3 => by_rn!(3),
@@ -153,16 +169,17 @@ fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rm: usize, rn: usize
     }
 }
 
-/// Walks `rows × n_tok` in tiles of `RM × RN` (smaller ones at the edges).
+/// Walks `rows × n_tok` in tiles of `G` groups (`GR = 4 * G` rows) × `RN` tokens, then
+/// single groups and a padded group at the edges.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn run<F: Fmt, const RM: usize, const RN: usize>(
+fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize>(
     w: &[F::W],
     a: &[F::A],
     nb: usize,
     n_tok: usize,
     out: &mut [f32],
 ) {
-    const { assert!(RM >= 1 && RM <= 4 && RN >= 1 && RN <= 4) };
+    const { assert!(GR == 4 * G && RN >= 1 && RN <= 4) };
     let rows = out.len() / n_tok;
     let mut ad = Vec::with_capacity(a.len());
     scales_to_f32(a.iter().map(F::a_d), &mut ad);
@@ -170,22 +187,33 @@ fn run<F: Fmt, const RM: usize, const RN: usize>(
     if F::HAS_MIN {
         scales_to_f32(a.iter().map(F::a_s), &mut asum);
     }
+    let acorr: Vec<i32> = if F::HAS_CORR {
+        a.iter().map(F::a_corr).collect()
+    } else {
+        Vec::new()
+    };
     let p = Problem::<F> {
         w,
         a,
         ad: &ad,
         asum: &asum,
+        acorr: &acorr,
         nb,
         n_tok,
     };
     let mut r = 0;
     while r < rows {
-        let rm = RM.min(rows - r);
+        let rm = if rows - r >= GR { GR } else { 4.min(rows - r) };
         let mut t = 0;
         while t < n_tok {
             let rn = RN.min(n_tok - t);
-            if rm == RM && rn == RN {
-                tile_out::<F, RM, RN>(&p, r, t, out);
+            if rm == GR {
+                match rn {
+                    n if n == RN => tile::<F, G, GR, RN>(&p, r, t, out),
+                    1 => tile::<F, G, GR, 1>(&p, r, t, out),
+                    2 => tile::<F, G, GR, 2>(&p, r, t, out),
+                    _ => tile::<F, G, GR, 3>(&p, r, t, out),
+                }
             } else {
                 tile_dyn::<F>(&p, r, t, rm, rn, out);
             }
@@ -207,11 +235,11 @@ macro_rules! kernels {
             let mut out = [0.0f32];
             // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
             // `is_x86_feature_detected!` confirmed avx2, fma and f16c; shapes checked above.
-            unsafe { run::<$fmt, 1, 1>(x, y, x.len(), 1, &mut out) };
+            unsafe { run::<$fmt, 1, 4, 1>(x, y, x.len(), 1, &mut out) };
             out[0]
         }
 
-        /// Matrix-vector product (AVX2), `MV_ROWS` rows per pass.
+        /// Matrix-vector product (AVX2), `4 * MV_GROUPS` rows per pass.
         pub(crate) fn $mv(w: &[$w], a: &[$a], out: &mut [f32]) {
             let nb = check_matvec(w, a, out);
             if nb == 0 || out.is_empty() {
@@ -220,10 +248,10 @@ macro_rules! kernels {
             }
             // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
             // runtime); `check_matvec` guarantees `w.len() == out.len() * nb`.
-            unsafe { run::<$fmt, MV_ROWS, 1>(w, a, nb, 1, out) }
+            unsafe { run::<$fmt, MV_GROUPS, { 4 * MV_GROUPS }, 1>(w, a, nb, 1, out) }
         }
 
-        /// Matrix-matrix product (AVX2), tiles of `MM_ROWS × MM_TOKS`.
+        /// Matrix-matrix product (AVX2), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.
         pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
             let (nb, rows) = check_matmul(w, a, n_tok, out);
             if nb == 0 || rows == 0 {
@@ -232,7 +260,7 @@ macro_rules! kernels {
             }
             // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
             // runtime); `check_matmul` guarantees the shapes.
-            unsafe { run::<$fmt, MM_ROWS, MM_TOKS>(w, a, nb, n_tok, out) }
+            unsafe { run::<$fmt, MM_GROUPS, { 4 * MM_GROUPS }, MM_TOKS>(w, a, nb, n_tok, out) }
         }
     };
 }

@@ -24,14 +24,6 @@ pub(super) fn store_ps(x: &mut [f32; 8], v: __m256) {
     unsafe { _mm256_storeu_ps(x.as_mut_ptr(), v) }
 }
 
-/// Stores 4 f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn store_ps4(x: &mut [f32; 4], v: __m128) {
-    // SAFETY: the reference covers 16 writable bytes; `storeu` has no alignment requirement.
-    unsafe { _mm_storeu_ps(x.as_mut_ptr(), v) }
-}
-
 /// Loads 32 signed bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -46,19 +38,6 @@ pub(super) fn load_i8x32(x: &[i8; 32]) -> __m256i {
 pub(super) fn store_i8x32(x: &mut [i8; 32], v: __m256i) {
     // SAFETY: the reference covers 32 writable bytes; `storeu` has no alignment requirement.
     unsafe { _mm256_storeu_si256(x.as_mut_ptr().cast(), v) }
-}
-
-/// Expands 16 bytes of packed nibbles (ggml's Q4 order) to 32 bytes `0..16`: the low nibbles
-/// (values 0..16 of the block) in the low 128-bit lane, the high nibbles (16..32) in the high.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
-    // SAFETY: the reference covers 16 readable bytes; `loadu` has no alignment requirement.
-    let q = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-    let both = _mm256_broadcastsi128_si256(q);
-    // Shift the high lane's 64-bit words right by 4 so that the high nibbles land low.
-    let shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
-    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
 }
 
 /// Loads 8 f16 and widens them (exact).
