@@ -111,6 +111,13 @@ fn smollm2_matches_llama_cpp_ids_pieces_and_text_on_every_reference_string() {
 }
 
 #[test]
+fn tokenizer_and_chat_template_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+    shared::<edgellm::tokenizer::ChatTemplate>();
+}
+
+#[test]
 fn smollm2_end_of_generation_tokens_are_endoftext_im_end_and_reponame() {
     let t = smollm2();
     assert_eq!(t.eog_ids(), [0, 2, 4]);
