@@ -171,7 +171,7 @@ fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
         head_dim
     );
     assert!(
-        cs.len() % 4 == 0 && cs.len() <= head_dim * 2,
+        cs.len() % 2 == 0 && cs.len() <= head_dim,
         "rope: bad cos/sin table length {}",
         cs.len()
     );
@@ -254,21 +254,17 @@ fn rotate_halves(lo: &mut [f32], hi: &mut [f32], cs: &[f32]) {
     }
 }
 
-/// RoPE, neox mode, as the reference defines it: for `i` in `0..cs.len() / 2`, in order,
-/// rotates `(x[i], x[i + half])` with `half = cs.len() / 4`. The iterations `i < half` are
-/// independent of each other, and so are the iterations `i >= half` (which read what the first
-/// ones wrote), so each of the two phases is vectorised and they run in order.
+/// RoPE, neox mode: rotates `(x[i], x[i + half])` for `i < half = cs.len() / 2`; the pairs are
+/// independent, so one vector pass over the two halves does it.
 pub(crate) fn rope_neox(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     check_rope(x, head_dim, cs);
-    let half = cs.len() / 4;
+    let half = cs.len() / 2;
     if half == 0 {
         return;
     }
     for head in x.chunks_exact_mut(head_dim) {
         let (lo, rest) = head.split_at_mut(half);
-        rotate_halves(lo, &mut rest[..half], &cs[..2 * half]);
-        let (lo, rest) = head[half..].split_at_mut(half);
-        rotate_halves(lo, &mut rest[..half], &cs[2 * half..4 * half]);
+        rotate_halves(lo, &mut rest[..half], cs);
     }
 }
 

@@ -41,15 +41,16 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
+pub fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
     assert!(head_dim > 0 && x.len() % head_dim == 0, "rope: {} values are not whole heads of {}", x.len(), head_dim);
-    assert!(cs.len() % 4 == 0 && cs.len() <= head_dim * 2, "rope: bad cos/sin table length {}", cs.len());
+    assert!(cs.len() % 2 == 0 && cs.len() <= head_dim, "rope: bad cos/sin table length {}", cs.len());
 }
 
 /// RoPE, "normal" (LLaMA/ggml mode 0): rotates adjacent pairs `(x[2i], x[2i+1])` of each head.
 ///
-/// `x` holds whole heads of `head_dim`; `cs` holds `(cos θ_i, sin θ_i)` for the first
-/// `cs.len() / 2` dimensions of a head (the rotated dims), the rest pass through.
+/// `x` holds whole heads of `head_dim`; `cs` holds `(cos θ_i, sin θ_i)` for the
+/// `n_rot / 2` rotated pairs, `n_rot = cs.len() <= head_dim`; dimensions past `n_rot` pass
+/// through.
 pub fn rope_norm_ref(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     check_rope(x, head_dim, cs);
     for head in x.chunks_exact_mut(head_dim) {
@@ -61,10 +62,11 @@ pub fn rope_norm_ref(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     }
 }
 
-/// RoPE, "neox" (GPT-NeoX/Qwen2): rotates `(x[i], x[i + n_rot/2])`, `n_rot = cs.len() / 2`.
+/// RoPE, "neox" (GPT-NeoX/Qwen2): rotates `(x[i], x[i + n_rot/2])` for `i < n_rot/2`,
+/// `n_rot = cs.len()`, with `(cos θ_i, sin θ_i) = (cs[2i], cs[2i+1])`.
 pub fn rope_neox_ref(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     check_rope(x, head_dim, cs);
-    let half = cs.len() / 4;
+    let half = cs.len() / 2;
     for head in x.chunks_exact_mut(head_dim) {
         for (i, c) in cs.chunks_exact(2).enumerate() {
             let (x0, x1) = (head[i], head[i + half]);
@@ -114,5 +116,24 @@ pub fn axpy_f16_ref(y: &mut [f32], s: f32, x: &[f16]) {
     assert_eq!(x.len(), y.len(), "axpy_f16: length mismatch");
     for (o, &v) in y.iter_mut().zip(x) {
         *o += s * v.to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Independent of every implementation: rotating unit vectors by hand-known angles.
+    #[test]
+    fn rope_norm_rotates_adjacent_pairs_and_neox_rotates_halves() {
+        let (c0, s0, c1, s1) = (0.6f32, 0.8f32, 0.0f32, 1.0f32);
+        let cs = [c0, s0, c1, s1];
+        let mut x = [1.0, 0.0, 1.0, 0.0, 7.0, 9.0];
+        rope_norm_ref(&mut x, 6, &cs);
+        assert_eq!(x, [c0, s0, c1, s1, 7.0, 9.0]);
+        // neox, n_rot 4 of head_dim 6: pairs (0, 2) and (1, 3); dims 4 and 5 untouched.
+        let mut x = [1.0, 1.0, 0.0, 0.0, 7.0, 9.0];
+        rope_neox_ref(&mut x, 6, &cs);
+        assert_eq!(x, [c0, c1, s0, s1, 7.0, 9.0]);
     }
 }
