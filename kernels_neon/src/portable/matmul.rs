@@ -21,9 +21,6 @@ const MM_TOKS: usize = 2;
 struct Problem<'a, F: Fmt> {
     w: &'a [F::W],
     a: &'a [F::A],
-    /// The activations' `d` (and `s`) as f32, token-major like `a`.
-    ad: &'a [f32],
-    asum: &'a [f32],
     nb: usize,
     n_tok: usize,
 }
@@ -42,14 +39,8 @@ fn tile<F: Fmt, const RM: usize, const RN: usize>(
         *row = &p.w[(r + i) * nb..][..nb];
     }
     let mut toks: [&[F::A]; RN] = [&[]; RN];
-    let mut tok_d: [&[f32]; RN] = [&[]; RN];
-    let mut tok_s: [&[f32]; RN] = [&[]; RN];
     for j in 0..RN {
         toks[j] = &p.a[(t + j) * nb..][..nb];
-        tok_d[j] = &p.ad[(t + j) * nb..][..nb];
-        if F::HAS_MIN {
-            tok_s[j] = &p.asum[(t + j) * nb..][..nb];
-        }
     }
     let mut acc = [[f32x4::ZERO; RN]; RM];
     for b in 0..nb {
@@ -68,9 +59,10 @@ fn tile<F: Fmt, const RM: usize, const RN: usize>(
         }
         for j in 0..RN {
             let ap = F::prep_a(&toks[j][b]);
-            let da = tok_d[j][b];
+            // Converted here rather than once per call: kernels allocate nothing.
+            let da = F::a_d(&toks[j][b]).to_f32();
             let sv = if F::HAS_MIN {
-                f32x4::from([tok_s[j][b], 0.0, 0.0, 0.0])
+                f32x4::from([F::a_s(&toks[j][b]).to_f32(), 0.0, 0.0, 0.0])
             } else {
                 f32x4::ZERO
             };
@@ -115,20 +107,7 @@ fn run<F: Fmt, const RM: usize, const RN: usize>(
 ) {
     const { assert!(RM >= 1 && RM <= 4 && RN >= 1 && RN <= 2) };
     let rows = out.len() / n_tok;
-    let ad: Vec<f32> = a.iter().map(|b| F::a_d(b).to_f32()).collect();
-    let asum: Vec<f32> = if F::HAS_MIN {
-        a.iter().map(|b| F::a_s(b).to_f32()).collect()
-    } else {
-        Vec::new()
-    };
-    let p = Problem::<F> {
-        w,
-        a,
-        ad: &ad,
-        asum: &asum,
-        nb,
-        n_tok,
-    };
+    let p = Problem::<F> { w, a, nb, n_tok };
     let mut r = 0;
     while r < rows {
         let rm = RM.min(rows - r);

@@ -30,7 +30,7 @@ pub(super) trait Fmt {
     type AP: Copy;
     /// Whether the format has the `m * s` offset term (Q4_1).
     const HAS_MIN: bool;
-    /// Whether [`Fmt::a_corr`] must be subtracted from each block's integer sum (Q4_0).
+    /// Whether [`Fmt::as_corr`] must be subtracted from each block's integer sum (Q4_0).
     const HAS_CORR: bool;
     /// The row (within the tile) of each lane of [`Fmt::combine`]'s result, for one group
     /// (`combine(h, h)`, each row twice) and for two groups.
@@ -45,14 +45,16 @@ pub(super) trait Fmt {
     fn w_d(w: &Self::W) -> f16;
     /// The weight offset `m` (0 unless `HAS_MIN`).
     fn w_m(w: &Self::W) -> f16;
-    fn a_d(a: &Self::A) -> f16;
+    /// What the tiles read of an activation block besides its values, converted once per
+    /// call (per chunk of blocks): `d` as f32, and `s` as f32 or the integer correction.
+    type AS: Copy;
+    unsafe fn a_scalars(a: &Self::A) -> Self::AS;
+    fn as_d(s: &Self::AS) -> f32;
     /// The activation sum `s` (0 unless `HAS_MIN`).
-    fn a_s(a: &Self::A) -> f16;
+    fn as_s(s: &Self::AS) -> f32;
     /// The integer to subtract from the block sums with this activation block (0 unless
-    /// `HAS_CORR`); computed once per call.
-    fn a_corr(_: &Self::A) -> i32 {
-        0
-    }
+    /// `HAS_CORR`).
+    fn as_corr(s: &Self::AS) -> i32;
 }
 
 /// Q4 weights of two rows side by side: `[A | B]` low nibbles (values 0..16 of each block)
@@ -147,7 +149,7 @@ macro_rules! q4_common {
 }
 
 /// Q4_0 × Q8_0: `sum((q - 8) * y) = sum(q * y) - 8 * sum(y)`, the first through `maddubs` of
-/// the unsigned nibbles, the second once per activation block for all rows ([`Fmt::a_corr`]).
+/// the unsigned nibbles, the second once per activation block for all rows ([`Fmt::as_corr`]).
 pub(super) struct Q4_0;
 
 impl Fmt for Q4_0 {
@@ -166,16 +168,27 @@ impl Fmt for Q4_0 {
     fn w_m(_: &BlockQ4_0) -> f16 {
         f16::ZERO
     }
+    /// `(d, 8 * sum(y))`.
+    type AS = (f32, i32);
     #[inline]
-    fn a_d(a: &BlockQ8_0) -> f16 {
-        a.d
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_0) -> (f32, i32) {
+        (
+            f16_to_f32(a.d),
+            8 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>(),
+        )
     }
     #[inline]
-    fn a_s(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
+    fn as_d(s: &(f32, i32)) -> f32 {
+        s.0
     }
-    fn a_corr(a: &BlockQ8_0) -> i32 {
-        8 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>()
+    #[inline]
+    fn as_s(_: &(f32, i32)) -> f32 {
+        0.0
+    }
+    #[inline]
+    fn as_corr(s: &(f32, i32)) -> i32 {
+        s.1
     }
 }
 
@@ -199,13 +212,24 @@ impl Fmt for Q4_1 {
     fn w_m(w: &BlockQ4_1) -> f16 {
         w.m
     }
+    /// `(d, s)`.
+    type AS = (f32, f32);
     #[inline]
-    fn a_d(a: &BlockQ8_1) -> f16 {
-        a.d
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_1) -> (f32, f32) {
+        (f16_to_f32(a.d), f16_to_f32(a.s))
     }
     #[inline]
-    fn a_s(a: &BlockQ8_1) -> f16 {
-        a.s
+    fn as_d(s: &(f32, f32)) -> f32 {
+        s.0
+    }
+    #[inline]
+    fn as_s(s: &(f32, f32)) -> f32 {
+        s.1
+    }
+    #[inline]
+    fn as_corr(_: &(f32, f32)) -> i32 {
+        0
     }
 }
 
@@ -272,19 +296,23 @@ impl Fmt for Q8_0 {
     fn w_m(_: &BlockQ8_0) -> f16 {
         f16::ZERO
     }
+    /// `d`.
+    type AS = f32;
     #[inline]
-    fn a_d(a: &BlockQ8_0) -> f16 {
-        a.d
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_0) -> f32 {
+        f16_to_f32(a.d)
     }
     #[inline]
-    fn a_s(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
+    fn as_d(s: &f32) -> f32 {
+        *s
     }
-}
-
-/// Converts a row of f16 scales to f32 (used for the activations' `d` and `s`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn scales_to_f32(h: impl Iterator<Item = f16>, out: &mut Vec<f32>) {
-    out.clear();
-    out.extend(h.map(|v| f16_to_f32(v)));
+    #[inline]
+    fn as_s(_: &f32) -> f32 {
+        0.0
+    }
+    #[inline]
+    fn as_corr(_: &f32) -> i32 {
+        0
+    }
 }

@@ -9,77 +9,91 @@
 //! it came through `vec_dot`, `matvec` or `matmul`: edges use smaller instances of the same
 //! tile (a group padded with zero rows, fewer tokens).
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0, scales_to_f32};
-use super::simd::store_ps;
+use super::dot::{Fmt, Q4_0, Q4_1, Q8_0};
+use super::simd::{load_ps, store_ps};
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 /// Groups of 4 rows per pass of a matrix-vector product (they share each activation block).
 const MV_GROUPS: usize = 2;
-/// How far ahead (in bytes) the weights are prefetched: 4-16 KiB measured best for the LM
-/// head matrix-vector product (16 MB) on Zen 4, more thrashes L1.
-const PREFETCH_BYTES: usize = 8192;
 /// Register tile of a matrix-matrix product: `MM_GROUPS` groups of 4 rows × `MM_TOKS` tokens.
 const MM_GROUPS: usize = 2;
 const MM_TOKS: usize = 3;
+/// How far ahead (in bytes) the weights are prefetched: 4-16 KiB measured best for the LM
+/// head matrix-vector product (16 MB) on Zen 4, more thrashes L1.
+const PREFETCH_BYTES: usize = 8192;
+/// Activation blocks whose scalars (`Fmt::AS`) a matrix product converts at a time, on the
+/// stack (the engine allocates nothing per token): all blocks of up to `SCRATCH / nb` tokens,
+/// or `SCRATCH` blocks of one token when a row is longer.
+const SCRATCH: usize = 4096;
+/// The same for `vec_dot`, which is called on short rows.
+const SCRATCH_DOT: usize = 64;
 
-struct Problem<'a, F: Fmt> {
+/// Weights and activations of a product, and the chunk of them being worked on: blocks
+/// `k0..k0+kb` of every row and token, tokens `t0..` with their scalars in `sc`
+/// (`sc[(t - t0) * kb + b]`).
+struct Chunk<'a, F: Fmt> {
     w: &'a [F::W],
     a: &'a [F::A],
-    /// Per activation block, token-major like `a`: `d` and `s` as f32, and the integer
-    /// correction of [`Fmt::a_corr`] (the last two only when the format has them).
-    ad: &'a [f32],
-    asum: &'a [f32],
-    acorr: &'a [i32],
+    sc: &'a [F::AS],
     nb: usize,
     n_tok: usize,
+    k0: usize,
+    kb: usize,
+    t0: usize,
 }
 
-/// Rows `r..r+RV` (`G` groups of 4, the last one possibly padded) × tokens `t..t+RN`, written
-/// into `out` (`[row][tok]`).
+/// Rows `r..r+RV` (`G` groups of 4, the last one possibly padded) × tokens `t..t+RN`, over the
+/// chunk's blocks, accumulated into `out` (`[row][tok]`; read back unless it is the first
+/// chunk, which is exact: a pair's state is that one f32).
 ///
 /// The accumulators hold the rows in the lane order of [`Fmt::LANES`]; with `G == 1` every row
 /// appears twice, which keeps the code 8 lanes wide. Rows past `RV` are zero blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
-    p: &Problem<'_, F>,
+    c: &Chunk<'_, F>,
     r: usize,
     t: usize,
     out: &mut [f32],
 ) {
     const { assert!((G == 1 || G == 2) && RV >= 1 && RV <= 4 * G && RV > 4 * (G - 1) && RN >= 1) };
-    let nb = p.nb;
+    let (nb, kb, k0) = (c.nb, c.kb, c.k0);
     // Plain loops rather than `array::from_fn`: its closures are not always inlined here.
     let mut rows: [&[F::W]; RV] = [&[]; RV];
     for (i, row) in rows.iter_mut().enumerate() {
-        *row = &p.w[(r + i) * nb..][..nb];
+        *row = &c.w[(r + i) * nb + k0..][..kb];
     }
     let mut toks: [&[F::A]; RN] = [&[]; RN];
-    let mut tok_d: [&[f32]; RN] = [&[]; RN];
-    let mut tok_s: [&[f32]; RN] = [&[]; RN];
-    let mut tok_c: [&[i32]; RN] = [&[]; RN];
+    let mut tsc: [&[F::AS]; RN] = [&[]; RN];
     for j in 0..RN {
-        toks[j] = &p.a[(t + j) * nb..][..nb];
-        tok_d[j] = &p.ad[(t + j) * nb..][..nb];
-        if F::HAS_MIN {
-            tok_s[j] = &p.asum[(t + j) * nb..][..nb];
-        }
-        if F::HAS_CORR {
-            tok_c[j] = &p.acorr[(t + j) * nb..][..nb];
-        }
+        toks[j] = &c.a[(t + j) * nb + k0..][..kb];
+        tsc[j] = &c.sc[(t - c.t0 + j) * kb..][..kb];
     }
     let lanes = F::LANES[G - 1];
-    let zero = F::W::default();
     let mut acc = [_mm256_setzero_ps(); RN];
-    // The tile's weights are `RV * nb` contiguous blocks and block `b` of all rows is on
-    // average `b * RV` blocks in: the first token tile of a row range, which streams the
-    // weights from memory, prefetches as far into the weights `PREFETCH_BYTES` ahead.
-    let wbase = p.w[r * nb..].as_ptr().cast::<u8>();
+    if k0 > 0 {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let mut l = [0.0f32; 8];
+            for (k, &row) in lanes.iter().enumerate() {
+                if row < RV {
+                    l[k] = out[(r + row) * c.n_tok + t + j];
+                }
+            }
+            *a = load_ps(&l);
+        }
+    }
+    // With the whole rows in this chunk, the tile's weights are `RV * kb` contiguous blocks
+    // and block `b` of all rows is on average `b * RV` blocks in: the first token tile, which
+    // streams the weights from memory, prefetches as far into them `PREFETCH_BYTES` ahead.
+    let prefetch = t == 0 && kb == nb;
+    let wbase = rows[0].as_ptr().cast::<u8>();
     let wsz = std::mem::size_of::<F::W>();
-    for b in 0..nb {
-        if t == 0 {
+    let zero = F::W::default();
+    for b in 0..kb {
+        if prefetch {
             let at = wbase.wrapping_add(PREFETCH_BYTES + b * RV * wsz);
             for k in 0..(RV * wsz).div_ceil(64) {
                 // SAFETY: a prefetch is a hint that never faults and has no effect on memory
@@ -119,6 +133,7 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
         };
         for j in 0..RN {
             let ap = unsafe { F::prep_a(&toks[j][b]) };
+            let sc = &tsc[j][b];
             let h0 = unsafe { F::isum_group(&g0, &ap) };
             let h1 = if G == 2 {
                 unsafe { F::isum_group(&g1, &ap) }
@@ -127,12 +142,12 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
             };
             let mut sumi = unsafe { F::combine(h0, h1) };
             if F::HAS_CORR {
-                sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(tok_c[j][b]));
+                sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(sc)));
             }
-            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(tok_d[j][b]));
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(F::as_d(sc)));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[j]);
             if F::HAS_MIN {
-                acc[j] = _mm256_fmadd_ps(wm, _mm256_set1_ps(tok_s[j][b]), acc[j]);
+                acc[j] = _mm256_fmadd_ps(wm, _mm256_set1_ps(F::as_s(sc)), acc[j]);
             }
         }
     }
@@ -141,7 +156,7 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
         store_ps(&mut l, acc[j]);
         for (k, &row) in lanes.iter().enumerate() {
             if row < RV {
-                out[(r + row) * p.n_tok + t + j] = l[k];
+                out[(r + row) * c.n_tok + t + j] = l[k];
             }
         }
     }
@@ -150,14 +165,14 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
 /// Picks the tile instance for `rv` rows (1..=4) × `rn` tokens (1..=4).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rv: usize, rn: usize, out: &mut [f32]) {
+fn tile_dyn<F: Fmt>(c: &Chunk<'_, F>, r: usize, t: usize, rv: usize, rn: usize, out: &mut [f32]) {
     macro_rules! by_rn {
         ($rv:literal) => {
             match rn {
-                1 => tile::<F, 1, $rv, 1>(p, r, t, out),
-                2 => tile::<F, 1, $rv, 2>(p, r, t, out),
-                3 => tile::<F, 1, $rv, 3>(p, r, t, out),
-                _ => tile::<F, 1, $rv, 4>(p, r, t, out),
+                1 => tile::<F, 1, $rv, 1>(c, r, t, out),
+                2 => tile::<F, 1, $rv, 2>(c, r, t, out),
+                3 => tile::<F, 1, $rv, 3>(c, r, t, out),
+                _ => tile::<F, 1, $rv, 4>(c, r, t, out),
             }
         };
     }
@@ -169,57 +184,75 @@ fn tile_dyn<F: Fmt>(p: &Problem<'_, F>, r: usize, t: usize, rv: usize, rn: usize
     }
 }
 
-/// Walks `rows × n_tok` in tiles of `G` groups (`GR = 4 * G` rows) × `RN` tokens, then
-/// single groups and a padded group at the edges.
+/// Computes `out` (`[row][tok]`) chunk by chunk of activations (see [`SCRATCH`]); within a
+/// chunk, rows in tiles of `G` groups (`GR = 4 * G` rows) × `RN` tokens, then single groups and
+/// a padded group at the edges.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize>(
+fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>(
     w: &[F::W],
     a: &[F::A],
     nb: usize,
     n_tok: usize,
     out: &mut [f32],
 ) {
-    const { assert!(GR == 4 * G && RN >= 1 && RN <= 4) };
+    const { assert!(GR == 4 * G && RN >= 1 && RN <= 4 && S >= 4 * RN) };
     let rows = out.len() / n_tok;
-    let mut ad = Vec::with_capacity(a.len());
-    scales_to_f32(a.iter().map(F::a_d), &mut ad);
-    let mut asum = Vec::new();
-    if F::HAS_MIN {
-        scales_to_f32(a.iter().map(F::a_s), &mut asum);
-    }
-    let acorr: Vec<i32> = if F::HAS_CORR {
-        a.iter().map(F::a_corr).collect()
-    } else {
-        Vec::new()
+    let kb_max = nb.clamp(1, S);
+    // Tokens per chunk, a multiple of the tile's when possible.
+    let tc = match S / kb_max {
+        n if n >= RN => n - n % RN,
+        n => n,
     };
-    let p = Problem::<F> {
-        w,
-        a,
-        ad: &ad,
-        asum: &asum,
-        acorr: &acorr,
-        nb,
-        n_tok,
-    };
-    let mut r = 0;
-    while r < rows {
-        let rm = if rows - r >= GR { GR } else { 4.min(rows - r) };
-        let mut t = 0;
-        while t < n_tok {
-            let rn = RN.min(n_tok - t);
-            if rm == GR {
-                match rn {
-                    n if n == RN => tile::<F, G, GR, RN>(&p, r, t, out),
-                    1 => tile::<F, G, GR, 1>(&p, r, t, out),
-                    2 => tile::<F, G, GR, 2>(&p, r, t, out),
-                    _ => tile::<F, G, GR, 3>(&p, r, t, out),
+    let mut scratch = [const { MaybeUninit::<F::AS>::uninit() }; S];
+    let mut t0 = 0;
+    while t0 < n_tok {
+        let tcn = tc.min(n_tok - t0);
+        let mut k0 = 0;
+        while k0 < nb {
+            let kb = kb_max.min(nb - k0);
+            for j in 0..tcn {
+                let blocks = &a[(t0 + j) * nb + k0..][..kb];
+                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
+                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which `run` runs with.
+                    s.write(unsafe { F::a_scalars(blk) });
                 }
-            } else {
-                tile_dyn::<F>(&p, r, t, rm, rn, out);
             }
-            t += rn;
+            // SAFETY: the first `tcn * kb <= S` entries were initialised just above.
+            let sc =
+                unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<F::AS>(), tcn * kb) };
+            let c = Chunk::<F> {
+                w,
+                a,
+                sc,
+                nb,
+                n_tok,
+                k0,
+                kb,
+                t0,
+            };
+            let mut r = 0;
+            while r < rows {
+                let rm = if rows - r >= GR { GR } else { 4.min(rows - r) };
+                let mut t = t0;
+                while t < t0 + tcn {
+                    let rn = RN.min(t0 + tcn - t);
+                    if rm == GR {
+                        match rn {
+                            n if n == RN => tile::<F, G, GR, RN>(&c, r, t, out),
+                            1 => tile::<F, G, GR, 1>(&c, r, t, out),
+                            2 => tile::<F, G, GR, 2>(&c, r, t, out),
+                            _ => tile::<F, G, GR, 3>(&c, r, t, out),
+                        }
+                    } else {
+                        tile_dyn::<F>(&c, r, t, rm, rn, out);
+                    }
+                    t += rn;
+                }
+                r += rm;
+            }
+            k0 += kb;
         }
-        r += rm;
+        t0 += tcn;
     }
 }
 
@@ -235,7 +268,7 @@ macro_rules! kernels {
             let mut out = [0.0f32];
             // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
             // `is_x86_feature_detected!` confirmed avx2, fma and f16c; shapes checked above.
-            unsafe { run::<$fmt, 1, 4, 1>(x, y, x.len(), 1, &mut out) };
+            unsafe { run::<$fmt, 1, 4, 1, SCRATCH_DOT>(x, y, x.len(), 1, &mut out) };
             out[0]
         }
 
@@ -248,7 +281,7 @@ macro_rules! kernels {
             }
             // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
             // runtime); `check_matvec` guarantees `w.len() == out.len() * nb`.
-            unsafe { run::<$fmt, MV_GROUPS, { 4 * MV_GROUPS }, 1>(w, a, nb, 1, out) }
+            unsafe { run::<$fmt, MV_GROUPS, { 4 * MV_GROUPS }, 1, SCRATCH>(w, a, nb, 1, out) }
         }
 
         /// Matrix-matrix product (AVX2), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.
@@ -260,7 +293,9 @@ macro_rules! kernels {
             }
             // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
             // runtime); `check_matmul` guarantees the shapes.
-            unsafe { run::<$fmt, MM_GROUPS, { 4 * MM_GROUPS }, MM_TOKS>(w, a, nb, n_tok, out) }
+            unsafe {
+                run::<$fmt, MM_GROUPS, { 4 * MM_GROUPS }, MM_TOKS, SCRATCH>(w, a, nb, n_tok, out)
+            }
         }
     };
 }
