@@ -139,45 +139,33 @@ fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
         head_dim
     );
     assert!(
-        cs.len() % 4 == 0 && cs.len() <= head_dim * 2,
+        cs.len() % 2 == 0 && cs.len() <= head_dim,
         "rope: bad cos/sin table length {}",
         cs.len()
     );
 }
 
-/// RoPE NeoX-style, following the reference exactly: pair `i` (of `cs.len()/2`) rotates
-/// `(x[i], x[i + half])`, `half = cs.len()/4`, in order. Pairs in `[k*half, (k+1)*half)` touch
-/// disjoint values, so each such run is one vector pass that sees the earlier runs' results.
+/// RoPE NeoX-style: pair `i` rotates `(x[i], x[i + half])`, `half = n_rot / 2 = cs.len() / 2`:
+/// two contiguous runs against the deinterleaved `(cos, sin)`.
 pub(crate) fn rope_neox(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     check_rope(x, head_dim, cs);
-    let half = cs.len() / 4;
-    let n_pairs = cs.len() / 2;
-    if half == 0 {
-        return;
-    }
-    let (cos, sin): (Vec<f32>, Vec<f32>) = cs.chunks_exact(2).map(|c| (c[0], c[1])).unzip();
+    let half = cs.len() / 2;
+    let (cc, ct) = cs.as_chunks::<16>();
     for head in x.chunks_exact_mut(head_dim) {
-        let mut start = 0;
-        while start < n_pairs {
-            let len = half.min(n_pairs - start);
-            let (lo, hi) = head[start..].split_at_mut(half);
-            let (lo, hi) = (&mut lo[..len], &mut hi[..len]);
-            let (c, s) = (&cos[start..start + len], &sin[start..start + len]);
-            let (lc, lt) = lo.as_chunks_mut::<8>();
-            let (hc, ht) = hi.as_chunks_mut::<8>();
-            let (cc, ctl) = c.as_chunks::<8>();
-            let (sc, stl) = s.as_chunks::<8>();
-            for (((a, b), c), s) in lc.iter_mut().zip(hc.iter_mut()).zip(cc).zip(sc) {
-                let (x0, x1, c, s) = (ld(a), ld(b), ld(c), ld(s));
-                *a = (x0 * c - x1 * s).to_array();
-                *b = (x0 * s + x1 * c).to_array();
-            }
-            for (((a, b), &c), &s) in lt.iter_mut().zip(ht.iter_mut()).zip(ctl).zip(stl) {
-                let (x0, x1) = (*a, *b);
-                *a = x0 * c - x1 * s;
-                *b = x0 * s + x1 * c;
-            }
-            start += len;
+        let (lo, hi) = head[..2 * half].split_at_mut(half);
+        let (lc, lt) = lo.as_chunks_mut::<8>();
+        let (hc, ht) = hi.as_chunks_mut::<8>();
+        for ((a, b), c) in lc.iter_mut().zip(hc.iter_mut()).zip(cc) {
+            let cos = f32x8::from(std::array::from_fn::<f32, 8, _>(|k| c[2 * k]));
+            let sin = f32x8::from(std::array::from_fn::<f32, 8, _>(|k| c[2 * k + 1]));
+            let (x0, x1) = (ld(a), ld(b));
+            *a = (x0 * cos - x1 * sin).to_array();
+            *b = (x0 * sin + x1 * cos).to_array();
+        }
+        for ((a, b), c) in lt.iter_mut().zip(ht.iter_mut()).zip(ct.chunks_exact(2)) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * c[0] - x1 * c[1];
+            *b = x0 * c[1] + x1 * c[0];
         }
     }
 }

@@ -195,7 +195,7 @@ fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
         head_dim
     );
     assert!(
-        cs.len() % 4 == 0 && cs.len() <= head_dim * 2,
+        cs.len() % 2 == 0 && cs.len() <= head_dim,
         "rope: bad cos/sin table length {}",
         cs.len()
     );
@@ -229,37 +229,35 @@ fn rope_norm_body(x: &mut [f32], head_dim: usize, cs: &[f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rope_neox_body(x: &mut [f32], head_dim: usize, cs: &[f32]) {
     check_rope(x, head_dim, cs);
-    // As the reference: pair i (of cs.len()/2) rotates (x[i], x[i + half]), half =
-    // cs.len()/4, in order. Pairs in [k*half, (k+1)*half) touch disjoint values, so each such
-    // run is one vector pass; a later run sees the earlier one's results, as in the reference.
-    let half = cs.len() / 4;
-    let n_pairs = cs.len() / 2;
-    if half == 0 {
-        return;
-    }
-    let (cos, sin): (Vec<f32>, Vec<f32>) = cs.chunks_exact(2).map(|c| (c[0], c[1])).unzip();
+    // Pair i rotates (x[i], x[i + half]), half = n_rot / 2 = cs.len() / 2: two contiguous runs
+    // against the deinterleaved (cos, sin).
+    let half = cs.len() / 2;
+    let (cc, ct) = cs.as_chunks::<16>();
     for head in x.chunks_exact_mut(head_dim) {
-        let mut start = 0;
-        while start < n_pairs {
-            let len = half.min(n_pairs - start);
-            let (lo, hi) = head[start..].split_at_mut(half);
-            let (lo, hi) = (&mut lo[..len], &mut hi[..len]);
-            let (c, s) = (&cos[start..start + len], &sin[start..start + len]);
-            let (lc, lt) = lo.as_chunks_mut::<8>();
-            let (hc, ht) = hi.as_chunks_mut::<8>();
-            let (cc, ctl) = c.as_chunks::<8>();
-            let (sc, stl) = s.as_chunks::<8>();
-            for (((a, b), c), s) in lc.iter_mut().zip(hc.iter_mut()).zip(cc).zip(sc) {
-                let (x0, x1, c, s) = (load_ps(a), load_ps(b), load_ps(c), load_ps(s));
-                store_ps(a, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
-                store_ps(b, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
-            }
-            for (((a, b), &c), &s) in lt.iter_mut().zip(ht.iter_mut()).zip(ctl).zip(stl) {
-                let (x0, x1) = (*a, *b);
-                *a = x0 * c - x1 * s;
-                *b = x0 * s + x1 * c;
-            }
-            start += len;
+        let (lo, hi) = head[..2 * half].split_at_mut(half);
+        let (lc, lt) = lo.as_chunks_mut::<8>();
+        let (hc, ht) = hi.as_chunks_mut::<8>();
+        for ((a, b), c) in lc.iter_mut().zip(hc.iter_mut()).zip(cc) {
+            // Deinterleave 8 (cos, sin) pairs: even and odd elements per 128-bit lane, then
+            // the 64-bit quarters back in order.
+            let (p, q) = (
+                load_ps(c[..8].try_into().unwrap()),
+                load_ps(c[8..].try_into().unwrap()),
+            );
+            let cos = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b1101_1000>(_mm256_castps_pd(
+                _mm256_shuffle_ps::<0b1000_1000>(p, q),
+            )));
+            let sin = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b1101_1000>(_mm256_castps_pd(
+                _mm256_shuffle_ps::<0b1101_1101>(p, q),
+            )));
+            let (x0, x1) = (load_ps(a), load_ps(b));
+            store_ps(a, _mm256_fmsub_ps(x0, cos, _mm256_mul_ps(x1, sin)));
+            store_ps(b, _mm256_fmadd_ps(x0, sin, _mm256_mul_ps(x1, cos)));
+        }
+        for ((a, b), c) in lt.iter_mut().zip(ht.iter_mut()).zip(ct.chunks_exact(2)) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * c[0] - x1 * c[1];
+            *b = x0 * c[1] + x1 * c[0];
         }
     }
 }
