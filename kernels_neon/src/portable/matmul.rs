@@ -39,8 +39,8 @@ fn tile<F: Fmt, const RM: usize, const RN: usize>(
         *row = &p.w[(r + i) * nb..][..nb];
     }
     let mut toks: [&[F::A]; RN] = [&[]; RN];
-    for j in 0..RN {
-        toks[j] = &p.a[(t + j) * nb..][..nb];
+    for (j, tok) in toks.iter_mut().enumerate() {
+        *tok = &p.a[(t + j) * nb..][..nb];
     }
     let mut acc = [[f32x4::ZERO; RN]; RM];
     for b in 0..nb {

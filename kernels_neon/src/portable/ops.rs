@@ -6,6 +6,7 @@
 
 use super::simd::{exp8, f16x8_to_f32x8, f32x8_to_f16x8};
 use crate::block::f16;
+use crate::reference::check_rope;
 use wide::f32x8;
 
 #[inline]
@@ -131,20 +132,6 @@ pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
-    assert!(
-        head_dim > 0 && x.len() % head_dim == 0,
-        "rope: {} values are not whole heads of {}",
-        x.len(),
-        head_dim
-    );
-    assert!(
-        cs.len() % 2 == 0 && cs.len() <= head_dim,
-        "rope: bad cos/sin table length {}",
-        cs.len()
-    );
-}
-
 /// RoPE NeoX-style: pair `i` rotates `(x[i], x[i + half])`, `half = n_rot / 2 = cs.len() / 2`:
 /// two contiguous runs against the deinterleaved `(cos, sin)`.
 pub(crate) fn rope_neox(x: &mut [f32], head_dim: usize, cs: &[f32]) {
@@ -198,7 +185,7 @@ pub(crate) fn scale(x: &mut [f32], s: f32) {
 /// `sum(a * b)`, four 8-lane accumulators.
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
-    dot_with(a, b, |x| ld(x))
+    dot_with(a, b, ld)
 }
 
 /// `sum(a * b)` with `a` in f16.
@@ -251,7 +238,7 @@ impl Widen for f16 {
 /// `y += s * x`.
 pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
     assert_eq!(x.len(), y.len(), "axpy_f32: length mismatch");
-    axpy_with(y, s, x, |v| ld(v))
+    axpy_with(y, s, x, ld)
 }
 
 /// `y += s * x` with `x` in f16.

@@ -56,20 +56,22 @@ pub(super) fn f32x8_to_f16x8(v: f32x8) -> [u16; 8] {
 pub(super) fn exp8(x: f32x8) -> f32x8 {
     const LO: f32 = -104.0;
     const HI: f32 = 88.722_84;
+    // ln 2 split as Cephes does: 0.693359375 (exact in 9 bits) + -2.12194440e-4.
+    const LN2_HI: f32 = f32::from_bits(0x3f31_8000);
     let xc = x.fast_max(f32x8::splat(LO)).fast_min(f32x8::splat(HI));
     // Round x*log2(e) to nearest even with the 1.5*2^23 trick (|x*log2 e| < 2^22).
     let magic = f32x8::splat(12_582_912.0);
     let tm = xc * f32x8::splat(std::f32::consts::LOG2_E) + magic;
     let n = tm - magic;
     let ni = cast::<f32x8, i32x8>(tm) - cast::<f32x8, i32x8>(magic);
-    let r = n.mul_neg_add(f32x8::splat(0.693_359_375), xc);
+    let r = n.mul_neg_add(f32x8::splat(LN2_HI), xc);
     let r = n.mul_neg_add(f32x8::splat(-2.121_944_4e-4), r);
     let mut p = f32x8::splat(1.987_569_1e-4);
     p = p.mul_add(r, f32x8::splat(1.398_2e-3));
     p = p.mul_add(r, f32x8::splat(8.333_452e-3));
     p = p.mul_add(r, f32x8::splat(4.166_579_6e-2));
     p = p.mul_add(r, f32x8::splat(1.666_666_5e-1));
-    p = p.mul_add(r, f32x8::splat(5.000_000_1e-1));
+    p = p.mul_add(r, f32x8::splat(0.5));
     let y = p.mul_add(r * r, r) + f32x8::splat(1.0);
     let n1 = ni >> 1;
     let n2 = ni - n1;

@@ -8,6 +8,7 @@ use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
 use crate::block::f16;
+use crate::reference::check_rope;
 use std::arch::x86_64::*;
 
 macro_rules! avx2_entry {
@@ -185,20 +186,6 @@ fn silu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
     if !gt.is_empty() {
         store_tail(ot, silu_mul8(load_tail(gt, 0.0), load_tail(ut, 0.0)));
     }
-}
-
-fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
-    assert!(
-        head_dim > 0 && x.len() % head_dim == 0,
-        "rope: {} values are not whole heads of {}",
-        x.len(),
-        head_dim
-    );
-    assert!(
-        cs.len() % 2 == 0 && cs.len() <= head_dim,
-        "rope: bad cos/sin table length {}",
-        cs.len()
-    );
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

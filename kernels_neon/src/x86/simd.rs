@@ -123,20 +123,22 @@ pub(super) fn hsum_pd(acc: [__m256d; 2]) -> f64 {
 pub(super) fn exp_ps(x: __m256) -> __m256 {
     const LO: f32 = -104.0;
     const HI: f32 = 88.722_84;
+    // ln 2 split as Cephes does: 0.693359375 (exact in 9 bits) + -2.12194440e-4.
+    const LN2_HI: f32 = f32::from_bits(0x3f31_8000);
     // `max(LO, x)` / `min(HI, ..)` return their second operand when it is NaN: NaN survives.
     let xc = _mm256_min_ps(_mm256_set1_ps(HI), _mm256_max_ps(_mm256_set1_ps(LO), x));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         xc,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_375), xc);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
     let mut p = _mm256_set1_ps(1.987_569_1e-4);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_2e-3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
     let y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
     let y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
     // 2^n = 2^n1 * 2^n2 with both halves normal for n in [-150, 128].
