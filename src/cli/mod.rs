@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
 mod common;
 mod inspect;
 mod kernels;
@@ -30,6 +31,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Generate a completion for a prompt (raw text, or a chat message with --chat).
     Run(run::Args),
+    /// Measure prompt-processing and generation speed (tokens/s), like llama-bench.
+    Bench(bench::Args),
     /// Tokenize standard input with a model's tokenizer and print the ids.
     Tokenize(tokenize::Args),
     /// Requantize a GGUF model to q4_0, q4_1, q8_0 or f16 (llama.cpp-identical tensor bytes).
@@ -43,6 +46,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Kernels(a) => kernels::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),

@@ -1,0 +1,141 @@
+//! `edgellm bench`: prompt processing (pp) and token generation (tg) speed, as llama-bench
+//! measures them, so the two can be run side by side on the same files.
+
+use super::CliResult;
+use super::common::ModelArgs;
+use edgellm::engine::{Engine, EngineConfig, Session};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Measure prompt processing and generation speed (tokens/s), like llama-bench.
+///
+/// pp: a prompt of -p tokens processed from an empty cache. tg: -n tokens decoded one at a
+/// time from an empty cache. Each is repeated -r times after one warm-up; the table shows the
+/// mean and standard deviation.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length for pp (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+    n_prompt: usize,
+    /// Generated tokens for tg (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+    n_gen: usize,
+    /// Thread counts to measure, comma-separated (overrides -t).
+    #[arg(long = "threads-list", value_delimiter = ',', default_value = "1,2")]
+    threads_list: Vec<usize>,
+    /// Repetitions per measurement.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    repetitions: usize,
+    /// Print a JSON list of {threads, pp_tps, tg_tps, …} instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+/// Tokens per second of each repetition of `f` (after one warm-up run).
+fn measure(
+    reps: usize,
+    tokens: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    f()?;
+    let mut out = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        f()?;
+        out.push(tokens as f64 / t0.elapsed().as_secs_f64());
+    }
+    Ok(out)
+}
+
+pub fn run(a: Args) -> CliResult {
+    let loaded = a.model.load()?;
+    let model = Arc::clone(loaded.engine.model());
+    drop(loaded);
+    let n_vocab = model.hp.n_vocab as u32;
+    let ctx = a.model.ctx.max(a.n_prompt.max(a.n_gen) + 1);
+    // Deterministic, ordinary token ids (not special tokens).
+    let prompt: Vec<u32> = (0..a.n_prompt as u32)
+        .map(|i| 100 + (i * 7919) % (n_vocab - 200))
+        .collect();
+    let mut rows = Vec::new();
+    for &threads in &a.threads_list {
+        let cfg = EngineConfig {
+            n_ctx: ctx,
+            chunk: a.model.chunk.max(1),
+            threads,
+            kv_type: a.model.kv_type,
+        };
+        let mut e = Engine::new(Arc::clone(&model), cfg)?;
+        let mut s = e.new_session();
+        let pp = if a.n_prompt > 0 {
+            measure(a.repetitions, a.n_prompt, || {
+                s.truncate(0);
+                e.feed(&mut s, &prompt)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })?
+        } else {
+            Vec::new()
+        };
+        let tg = if a.n_gen > 0 {
+            measure(a.repetitions, a.n_gen, || tg_run(&mut e, &mut s, a.n_gen))?
+        } else {
+            Vec::new()
+        };
+        rows.push((threads, e.kernels().name(), pp, tg));
+    }
+
+    if a.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(t, k, pp, tg)| {
+                let (ppm, pps) = mean_sd(pp);
+                let (tgm, tgs) = mean_sd(tg);
+                json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
+                       "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return Ok(());
+    }
+    println!(
+        "model: {}  ({:.1} MiB of weights per token)",
+        a.model.model.display(),
+        model.weight_bytes_per_token() as f64 / (1 << 20) as f64
+    );
+    println!("| threads | kernels | test   |            t/s |");
+    println!("|--------:|---------|--------|---------------:|");
+    for (t, k, pp, tg) in &rows {
+        for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
+            if !v.is_empty() {
+                let (m, sd) = mean_sd(v);
+                println!(
+                    "| {t:>7} | {k:<7} | {:<6} | {m:>8.2} ± {sd:>4.2} |",
+                    format!("{name}{n}")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One tg run: `n` tokens decoded one at a time from an empty cache.
+fn tg_run(e: &mut Engine, s: &mut Session, n: usize) -> Result<(), String> {
+    s.truncate(0);
+    let mut tok = 1u32;
+    for _ in 0..n {
+        let logits = e.feed(s, &[tok]).map_err(|e| e.to_string())?;
+        tok = edgellm::engine::sampler::argmax(logits) as u32;
+    }
+    Ok(())
+}
