@@ -56,11 +56,53 @@ impl Default for EngineConfig {
     }
 }
 
-/// All cores this process may run on.
+/// The default thread count: on a big.LITTLE SoC (RK3588: 4×A76 + 4×A55) the big cores only,
+/// since a matrix product split evenly waits for its slowest thread; elsewhere every core this
+/// process may run on.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
+    let allowed = std::thread::available_parallelism()
         .map(|n| n.get())
-        .unwrap_or(1)
+        .unwrap_or(1);
+    let big = big_cores(std::path::Path::new("/sys/devices/system/cpu"));
+    big.map_or(allowed, |b| b.min(allowed)).max(1)
+}
+
+/// Number of CPUs with the highest `cpu_capacity` (Linux publishes it on heterogeneous ARM
+/// SoCs), or `None` where the capacities are absent or all equal.
+fn big_cores(sys_cpu: &std::path::Path) -> Option<usize> {
+    let mut caps = Vec::new();
+    for cpu in 0..1024 {
+        match std::fs::read_to_string(sys_cpu.join(format!("cpu{cpu}/cpu_capacity"))) {
+            Ok(s) => caps.push(s.trim().parse::<u32>().ok()?),
+            Err(_) if cpu == 0 => return None,
+            Err(_) => break,
+        }
+    }
+    let max = *caps.iter().max()?;
+    let big = caps.iter().filter(|&&c| c == max).count();
+    (big < caps.len()).then_some(big)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::big_cores;
+
+    #[test]
+    fn big_cores_counts_the_fastest_cluster_of_a_big_little_soc() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |caps: &[u32]| {
+            for (i, c) in caps.iter().enumerate() {
+                let d = dir.path().join(format!("cpu{i}"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("cpu_capacity"), format!("{c}\n")).unwrap();
+            }
+        };
+        assert_eq!(big_cores(dir.path()), None, "no capacity files");
+        write(&[414, 414, 414, 414, 1024, 1024, 1024, 1024]); // RK3588
+        assert_eq!(big_cores(dir.path()), Some(4));
+        write(&[1024; 8]); // all equal: not big.LITTLE
+        assert_eq!(big_cores(dir.path()), None);
+    }
 }
 
 /// Largest context accepted (bounds the KV allocation; 128k positions).
