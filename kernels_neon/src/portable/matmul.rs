@@ -8,6 +8,7 @@
 //! of `vec_dot` / `matvec` / `matmul` computed it.
 
 use super::dot::{Fmt, Q4_0, Q4_1, Q8_0};
+use super::simd::f16_to_f32;
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use wide::f32x4;
@@ -52,17 +53,17 @@ fn tile<F: Fmt, const RM: usize, const RN: usize>(
             if i > 0 {
                 wp[i] = F::prep_w(blk);
             }
-            wd[i] = F::w_d(blk).to_f32();
+            wd[i] = f16_to_f32(F::w_d(blk));
             if F::HAS_MIN {
-                wm[i] = f32x4::splat(F::w_m(blk).to_f32());
+                wm[i] = f32x4::splat(f16_to_f32(F::w_m(blk)));
             }
         }
         for j in 0..RN {
             let ap = F::prep_a(&toks[j][b]);
             // Converted here rather than once per call: kernels allocate nothing.
-            let da = F::a_d(&toks[j][b]).to_f32();
+            let da = f16_to_f32(F::a_d(&toks[j][b]));
             let sv = if F::HAS_MIN {
-                f32x4::from([F::a_s(&toks[j][b]).to_f32(), 0.0, 0.0, 0.0])
+                f32x4::from([f16_to_f32(F::a_s(&toks[j][b])), 0.0, 0.0, 0.0])
             } else {
                 f32x4::ZERO
             };

@@ -4,7 +4,7 @@
 //! Element-wise ops round exactly like the references (no fused multiply-add where the
 //! reference rounds twice); sums ggml keeps in f64 are kept in f64; `exp` is [`exp8`].
 
-use super::simd::{exp8, f16x8_to_f32x8, f32x8_to_f16x8};
+use super::simd::{exp8, f16_to_f32, f16x8_to_f32x8, f32x8_to_f16x8};
 use crate::block::f16;
 use crate::reference::check_rope;
 use wide::f32x8;
@@ -231,7 +231,7 @@ impl Widen for f32 {
 impl Widen for f16 {
     #[inline]
     fn widen(self) -> f32 {
-        self.to_f32()
+        f16_to_f32(self)
     }
 }
 

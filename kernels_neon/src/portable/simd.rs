@@ -1,6 +1,7 @@
 //! Building blocks of the portable path on `wide` vectors: exact f16 conversions done with
 //! integer bit manipulation (so they need no F16C / FP16 hardware), and a vectorised `exp`.
 
+use crate::block::f16;
 use bytemuck::cast;
 use wide::{CmpEq, CmpGt, CmpLt, f32x8, i32x8};
 
@@ -20,6 +21,20 @@ pub(super) fn f16x8_to_f32x8(h: [u16; 8]) -> f32x8 {
     let nan = em.cmp_gt(i32x8::splat(0x7c00));
     let special_bits = (em << 13) | i32x8::splat(0x7f80_0000) | (nan & i32x8::splat(0x0040_0000));
     cast(special.blend(special_bits, finite) | sign)
+}
+
+/// One f16 → f32, exact, as [`f16x8_to_f32x8`] (branch-free for finite values; `half`'s
+/// conversion is a runtime feature check and a call on x86, and a branchy bit loop elsewhere).
+#[inline]
+pub(super) fn f16_to_f32(h: f16) -> f32 {
+    let h = u32::from(h.to_bits());
+    let em = h & 0x7fff;
+    let bits = if em < 0x7c00 {
+        (f32::from_bits(em << 13) * TWO_POW_112).to_bits()
+    } else {
+        (em << 13) | 0x7f80_0000 | if em > 0x7c00 { 0x0040_0000 } else { 0 }
+    };
+    f32::from_bits(bits | (h & 0x8000) << 16)
 }
 
 /// f32 → f16 bit patterns, round to nearest even, like `half`/F16C: overflow to infinity,
@@ -89,7 +104,6 @@ pub(super) fn exp8(x: f32x8) -> f32x8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::f16;
 
     #[test]
     fn f16_to_f32_is_exact_for_every_f16() {
@@ -99,6 +113,8 @@ mod tests {
             for k in 0..8 {
                 let want = f16::from_bits(h[k]).to_f32();
                 assert_eq!(got[k].to_bits(), want.to_bits(), "f16 {:#06x}", h[k]);
+                let one = f16_to_f32(f16::from_bits(h[k]));
+                assert_eq!(one.to_bits(), want.to_bits(), "f16 {:#06x} (scalar)", h[k]);
             }
         }
     }
