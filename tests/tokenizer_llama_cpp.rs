@@ -10,7 +10,10 @@ mod common;
 use edgellm::gguf::{Gguf, OpenOptions};
 use edgellm::tokenizer::Tokenizer;
 
-const CASES: &[(&str, &[u32], Option<&[u32]>)] = &[
+/// Text, ids without special parsing, ids with it when they differ.
+type Case = (&'static str, &'static [u32], Option<&'static [u32]>);
+
+const CASES: &[Case] = &[
     ("", &[], None),
     (" ", &[216], None),
     ("  ", &[256], None),
