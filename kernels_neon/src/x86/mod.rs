@@ -7,10 +7,14 @@
 //! uses AVX-512, and nothing depends on build-time CPU flags.
 //!
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
-//! - `dot`: per-block integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q8_0.
-//! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
-//!   (4 rows × 2 tokens), with a row's result independent of the tiling.
-//! - `ops`: the f32 operations, f16 conversions through F16C.
+//! - `dot`: integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q8_0 for groups of four
+//!   weight rows, reduced together.
+//! - `matmul`: one register tile for `vec_dot`, `matvec` (8 rows per pass, weights
+//!   prefetched) and `matmul` (8 rows × 3 tokens), with a row's result independent of the
+//!   tiling; nothing allocated (activation scales converted into a stack scratch).
+//! - `ops`: the f32 operations (Cephes `exp` polynomial in softmax/silu), f16 conversions
+//!   through F16C.
+//! - `simd`: loads/stores from references, reductions, `exp`.
 
 mod dot;
 mod matmul;
