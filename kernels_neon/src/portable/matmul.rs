@@ -15,8 +15,9 @@ use wide::f32x4;
 
 /// Weight rows per pass of a matrix-vector product (they share each activation block).
 const MV_ROWS: usize = 4;
-/// Register tile of a matrix-matrix product (16 vector registers on SSE2 are the limit).
-const MM_ROWS: usize = 2;
+/// Register tile of a matrix-matrix product: 4x2 measured ~10% faster than 2x2 even with the
+/// spills of SSE2's 16 registers (aarch64 has 32).
+const MM_ROWS: usize = 4;
 const MM_TOKS: usize = 2;
 
 struct Problem<'a, F: Fmt> {

@@ -5,7 +5,7 @@
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
 //! - `dot`: per-block integer dot products on 16-bit lanes.
 //! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
-//!   (2 rows × 2 tokens), with a row's result independent of the tiling.
+//!   (4 rows × 2 tokens), with a row's result independent of the tiling.
 //! - `ops`: the f32 operations (`rope_norm` is the reference's loop); `simd`: exact f16
 //!   conversions and `exp` on vectors.
 
