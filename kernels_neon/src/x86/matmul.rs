@@ -105,14 +105,16 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
                 };
             }
         }
-        // SAFETY (all `unsafe` calls below): `Fmt`'s functions need avx2, fma and f16c, which
-        // this function runs with.
         let blk = |i: usize| if i < RV { &rows[i][b] } else { &zero };
-        let g0 = unsafe { F::prep_group([blk(0), blk(1), blk(2), blk(3)]) };
-        let g1 = if G == 2 {
-            unsafe { F::prep_group([blk(4), blk(5), blk(6), blk(7)]) }
-        } else {
-            g0
+        // SAFETY: `Fmt`'s functions need avx2, fma and f16c, which this function runs with.
+        let (g0, g1) = unsafe {
+            let g0 = F::prep_group([blk(0), blk(1), blk(2), blk(3)]);
+            let g1 = if G == 2 {
+                F::prep_group([blk(4), blk(5), blk(6), blk(7)])
+            } else {
+                g0
+            };
+            (g0, g1)
         };
         // The rows' f16 `d` (and `m`) in lane order, gathered in general registers (cheaper
         // than a chain of `pinsrw`) and widened in one go.
@@ -132,15 +134,14 @@ fn tile<F: Fmt, const G: usize, const RV: usize, const RN: usize>(
             _mm256_setzero_ps()
         };
         for j in 0..RN {
-            let ap = unsafe { F::prep_a(&toks[j][b]) };
             let sc = &tsc[j][b];
-            let h0 = unsafe { F::isum_group(&g0, &ap) };
-            let h1 = if G == 2 {
-                unsafe { F::isum_group(&g1, &ap) }
-            } else {
-                h0
+            // SAFETY: `Fmt`'s functions need avx2, fma and f16c, which this function runs with.
+            let mut sumi = unsafe {
+                let ap = F::prep_a(&toks[j][b]);
+                let h0 = F::isum_group(&g0, &ap);
+                let h1 = if G == 2 { F::isum_group(&g1, &ap) } else { h0 };
+                F::combine(h0, h1)
             };
-            let mut sumi = unsafe { F::combine(h0, h1) };
             if F::HAS_CORR {
                 sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(sc)));
             }
