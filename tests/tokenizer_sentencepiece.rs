@@ -234,3 +234,19 @@ fn sentencepiece_ids_decode_back_to_the_text() {
         );
     }
 }
+
+#[test]
+fn a_megabyte_of_text_tokenizes_in_well_under_a_second() {
+    let t = trained();
+    for text in [
+        "the ".repeat(1 << 18),
+        " ".repeat(1 << 20),
+        "a".repeat(1 << 20),
+    ] {
+        let start = std::time::Instant::now();
+        let ids = t.encode(&text, false, false);
+        let took = start.elapsed();
+        assert!(t.decode(&ids) == text.as_bytes());
+        assert!(took.as_secs_f64() < 1.0, "1 MiB took {took:?}");
+    }
+}

@@ -8,10 +8,8 @@
 //! by `(id, id)` and merging a word allocates nothing. Candidate pairs queued by rank and a
 //! linked list of live symbols make a word of n bytes cost O(n log n).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use super::FastMap;
+use super::queue::{NONE, RankQueue};
 use super::unicode::{byte_to_cpt, push_utf8};
 
 /// Symbol ids at or past the vocabulary size name merge strings that are not tokens.
@@ -94,8 +92,6 @@ struct Symbol {
     next: u32,
 }
 
-const NONE: u32 = u32::MAX;
-
 /// Reusable buffers for merging words, so a long prompt does not allocate per word.
 #[derive(Default)]
 pub(crate) struct BpeScratch {
@@ -103,53 +99,6 @@ pub(crate) struct BpeScratch {
     queue: RankQueue,
     bucket: Vec<u32>,
     encoded: Vec<u8>,
-}
-
-/// Candidate pairs by merge rank: one bucket (a linked list of left positions) per rank, and a
-/// min-heap of the ranks that have one. Pairs must merge lowest rank first, leftmost first;
-/// a whole bucket is taken and sorted at once, which is what keeps a 1 MiB word fast (a heap
-/// of every pair would pay a cache miss per level on each of millions of pops).
-#[derive(Default)]
-struct RankQueue {
-    /// Per rank, the newest entry of its bucket, `NONE` when empty (all empty between words).
-    heads: Vec<u32>,
-    /// `(left position, next entry)`.
-    entries: Vec<(u32, u32)>,
-    ranks: BinaryHeap<Reverse<u32>>,
-}
-
-impl RankQueue {
-    fn reset(&mut self, n_ranks: usize) {
-        if self.heads.len() < n_ranks {
-            self.heads.resize(n_ranks, NONE);
-        }
-        self.entries.clear();
-        self.ranks.clear();
-    }
-
-    fn push(&mut self, rank: u32, left: u32) {
-        let head = &mut self.heads[rank as usize];
-        if *head == NONE {
-            self.ranks.push(Reverse(rank));
-        }
-        self.entries.push((left, *head));
-        *head = (self.entries.len() - 1) as u32;
-    }
-
-    /// Empties the lowest-rank bucket into `out`, positions ascending; returns its rank.
-    fn pop_bucket(&mut self, out: &mut Vec<u32>) -> Option<u32> {
-        let Reverse(rank) = self.ranks.pop()?;
-        let mut e = std::mem::replace(&mut self.heads[rank as usize], NONE);
-        out.clear();
-        while e != NONE {
-            let (left, next) = self.entries[e as usize];
-            out.push(left);
-            e = next;
-        }
-        out.sort_unstable();
-        out.dedup();
-        Some(rank)
-    }
 }
 
 /// Words are split in halves past this size so every index fits a `u32` (a prompt never

@@ -177,8 +177,15 @@ impl SpmVocab for Tokenizer {
         self.ids.get(text).copied()
     }
 
-    fn score(&self, id: u32) -> f32 {
-        self.scores.get(id as usize).copied().unwrap_or(0.0)
+    fn rank(&self, id: u32) -> u32 {
+        self.score_ranks
+            .get(id as usize)
+            .copied()
+            .unwrap_or(u32::MAX - 1)
+    }
+
+    fn n_ranks(&self) -> usize {
+        self.n_score_ranks
     }
 
     fn byte_token(&self, b: u8) -> Option<u32> {

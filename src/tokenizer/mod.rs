@@ -32,6 +32,7 @@ mod detok;
 mod encode;
 mod gguf;
 mod pretokenize;
+mod queue;
 mod spm;
 mod stream;
 mod unicode;
@@ -86,6 +87,9 @@ pub struct Tokenizer {
     pub(crate) pre: PreTokenizer,
     pub(crate) texts: Vec<Box<[u8]>>,
     pub(crate) scores: Vec<f32>,
+    /// SentencePiece merge priority of each token: 0 for the highest score, ties shared.
+    pub(crate) score_ranks: Vec<u32>,
+    pub(crate) n_score_ranks: usize,
     /// llama.cpp's token attribute bits (`vocab::attr`).
     pub(crate) attrs: Vec<u32>,
     pub(crate) ids: FastMap<Box<[u8]>, u32>,
@@ -235,6 +239,11 @@ impl Tokenizer {
     /// The token's text as stored in the vocabulary (GPT-2 characters, `▁`, `<0x0A>`, …).
     pub fn token_text(&self, id: u32) -> Option<&[u8]> {
         self.texts.get(id as usize).map(|t| &t[..])
+    }
+
+    /// The token's score (SentencePiece merge priority; 0 when the file has none).
+    pub fn token_score(&self, id: u32) -> Option<f32> {
+        self.scores.get(id as usize).copied()
     }
 
     /// The id of a token given its vocabulary text.

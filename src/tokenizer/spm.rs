@@ -7,68 +7,52 @@
 //! falls back to byte tokens `<0xNN>`. No such model ships with this project: the path is
 //! tested on a small synthetic vocabulary with hand-computed results (see the tests below).
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
-
+use super::queue::{NONE, RankQueue};
 use super::unicode::utf8_len;
 
 #[derive(Clone, Copy)]
 struct Symbol {
-    start: usize,
-    len: usize,
-    prev: usize,
-    next: usize,
+    start: u32,
+    len: u32,
+    prev: u32,
+    next: u32,
 }
-
-const NONE: usize = usize::MAX;
-
-struct Bigram {
-    score: f32,
-    left: usize,
-    right: usize,
-    size: usize,
-}
-
-// Max-heap order: higher score first, then lower `left` (llama.cpp's `llm_bigram_spm`).
-// `total_cmp` keeps the order total even for NaN scores from a hostile file.
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then_with(|| other.left.cmp(&self.left))
-    }
-}
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Bigram {}
 
 /// What the merge loop needs from the vocabulary.
 pub(crate) trait SpmVocab {
     fn token(&self, text: &[u8]) -> Option<u32>;
-    fn score(&self, id: u32) -> f32;
+    /// The token's merge priority: 0 for the highest score; equal scores share a rank.
+    fn rank(&self, id: u32) -> u32;
+    /// One past the largest rank.
+    fn n_ranks(&self) -> usize;
     /// The token for a raw byte: `<0xNN>`, else the one-byte token, else `None`.
     fn byte_token(&self, b: u8) -> Option<u32>;
 }
 
+/// Texts past this size are tokenized in halves (cut at a character boundary) so every index
+/// fits a `u32`; no prompt gets there.
+const MAX_TEXT: usize = 1 << 30;
+
 /// Tokenizes already-escaped text, appending ids to `out`.
 pub(crate) fn tokenize(v: &impl SpmVocab, text: &[u8], out: &mut Vec<u32>) {
-    let mut symbols = Vec::with_capacity(text.len());
+    if text.len() > MAX_TEXT {
+        let mut mid = text.len() / 2;
+        while mid > 0 && text[mid] & 0xC0 == 0x80 {
+            mid -= 1;
+        }
+        tokenize(v, &text[..mid], out);
+        tokenize(v, &text[mid..], out);
+        return;
+    }
+    let mut symbols: Vec<Symbol> = Vec::with_capacity(text.len());
     let mut offs = 0;
     while offs < text.len() {
         let len = utf8_len(text[offs]).min(text.len() - offs);
-        let index = symbols.len();
+        let index = symbols.len() as u32;
         symbols.push(Symbol {
-            start: offs,
-            len,
-            prev: index.wrapping_sub(1), // usize::MAX (NONE) for the first
+            start: offs as u32,
+            len: len as u32,
+            prev: if index == 0 { NONE } else { index - 1 },
             next: if offs + len == text.len() {
                 NONE
             } else {
@@ -77,28 +61,59 @@ pub(crate) fn tokenize(v: &impl SpmVocab, text: &[u8], out: &mut Vec<u32>) {
         });
         offs += len;
     }
-    let mut queue = BinaryHeap::new();
-    for i in 1..symbols.len() {
-        try_add(v, text, &symbols, &mut queue, i - 1, i);
+    // Highest score first, leftmost on ties (llama.cpp's `llm_bigram_spm` order), through the
+    // rank-bucketed queue; a queued pair is current iff the pair now at its left position is
+    // still a token of that rank (llama.cpp checks the pair's byte length instead).
+    let mut queue = RankQueue::default();
+    queue.reset(v.n_ranks());
+    for i in 1..symbols.len() as u32 {
+        if let Some(rank) = pair_rank(v, text, &symbols, i - 1, i) {
+            queue.push(rank, i - 1);
+        }
     }
-    while let Some(b) = queue.pop() {
-        let (l, r) = (symbols[b.left], symbols[b.right]);
-        if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
-            continue; // one side already merged elsewhere
+    let mut bucket = Vec::new();
+    while let Some(rank) = queue.pop_bucket(&mut bucket) {
+        let mut k = 0;
+        while k < bucket.len() {
+            let l = bucket[k];
+            k += 1;
+            let left = symbols[l as usize];
+            if left.len == 0 || left.next == NONE {
+                continue; // absorbed, or nothing to its right any more
+            }
+            if pair_rank(v, text, &symbols, l, left.next) != Some(rank) {
+                continue; // one side has grown since the pair was queued
+            }
+            let right = symbols[left.next as usize];
+            symbols[l as usize].len += right.len;
+            symbols[l as usize].next = right.next;
+            symbols[left.next as usize].len = 0;
+            if right.next != NONE {
+                symbols[right.next as usize].prev = l;
+            }
+            // A new pair that outranks this bucket must go first (see `queue`).
+            let mut preempt = false;
+            for (a, b) in [(left.prev, l), (l, right.next)] {
+                if a != NONE
+                    && b != NONE
+                    && let Some(r2) = pair_rank(v, text, &symbols, a, b)
+                {
+                    queue.push(r2, a);
+                    preempt |= r2 <= rank;
+                }
+            }
+            if preempt {
+                for &rest in &bucket[k..] {
+                    queue.push(rank, rest);
+                }
+                break;
+            }
         }
-        symbols[b.left].len += r.len;
-        symbols[b.right].len = 0;
-        symbols[b.left].next = r.next;
-        if r.next != NONE {
-            symbols[r.next].prev = b.left;
-        }
-        try_add(v, text, &symbols, &mut queue, l.prev, b.left);
-        try_add(v, text, &symbols, &mut queue, b.left, r.next);
     }
     let mut i = if symbols.is_empty() { NONE } else { 0 };
     while i != NONE {
-        let s = symbols[i];
-        let piece = &text[s.start..s.start + s.len];
+        let s = symbols[i as usize];
+        let piece = &text[s.start as usize..(s.start + s.len) as usize];
         match v.token(piece) {
             Some(id) => out.push(id),
             // llama.cpp throws when a byte has no token at all; we drop that byte.
@@ -108,28 +123,12 @@ pub(crate) fn tokenize(v: &impl SpmVocab, text: &[u8], out: &mut Vec<u32>) {
     }
 }
 
-fn try_add(
-    v: &impl SpmVocab,
-    text: &[u8],
-    symbols: &[Symbol],
-    queue: &mut BinaryHeap<Bigram>,
-    left: usize,
-    right: usize,
-) {
-    if left == NONE || right == NONE {
-        return;
-    }
-    let (l, r) = (symbols[left], symbols[right]);
+/// The rank of the token the adjacent symbols `l`, `r` form together, if any.
+fn pair_rank(v: &impl SpmVocab, text: &[u8], symbols: &[Symbol], l: u32, r: u32) -> Option<u32> {
+    let (l, r) = (symbols[l as usize], symbols[r as usize]);
     // Adjacent symbols are contiguous in the text: their concatenation is a slice.
-    let joined = &text[l.start..r.start + r.len];
-    if let Some(id) = v.token(joined) {
-        queue.push(Bigram {
-            score: v.score(id),
-            left,
-            right,
-            size: joined.len(),
-        });
-    }
+    let joined = &text[l.start as usize..(r.start + r.len) as usize];
+    v.token(joined).map(|id| v.rank(id))
 }
 
 #[cfg(test)]
@@ -168,8 +167,12 @@ mod tests {
         fn token(&self, text: &[u8]) -> Option<u32> {
             self.ids.get(text).copied()
         }
-        fn score(&self, id: u32) -> f32 {
-            self.scores[id as usize]
+        fn rank(&self, id: u32) -> u32 {
+            // Scores here are small multiples of 0.5: rank by them directly.
+            (-self.scores[id as usize] * 2.0) as u32
+        }
+        fn n_ranks(&self) -> usize {
+            64
         }
         fn byte_token(&self, b: u8) -> Option<u32> {
             Some(b as u32)

@@ -366,11 +366,14 @@ impl Tokenizer {
         } else {
             v.scores
         };
+        let (score_ranks, n_score_ranks) = score_ranks(&scores);
         Ok(Tokenizer {
             kind: v.kind,
             pre,
             texts,
             scores,
+            score_ranks,
+            n_score_ranks,
             attrs,
             ids,
             pieces,
@@ -386,6 +389,26 @@ impl Tokenizer {
             ignore_merges,
         })
     }
+}
+
+/// Ranks tokens by score, highest first, equal scores sharing a rank (SentencePiece merges the
+/// best-scoring pair first). `total_cmp` keeps the order total even for NaN from a bad file.
+fn score_ranks(scores: &[f32]) -> (Vec<u32>, usize) {
+    let mut order: Vec<u32> = (0..scores.len() as u32).collect();
+    order.sort_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
+    let mut ranks = vec![0u32; scores.len()];
+    let mut rank = 0u32;
+    for (k, &id) in order.iter().enumerate() {
+        if k > 0
+            && scores[id as usize]
+                .total_cmp(&scores[order[k - 1] as usize])
+                .is_ne()
+        {
+            rank += 1;
+        }
+        ranks[id as usize] = rank;
+    }
+    (ranks, rank as usize + 1)
 }
 
 /// Fills EOT/EOM/FIM roles from token texts, marks the tokens involved as control, and returns
