@@ -202,3 +202,85 @@ fn inconsistent_vocabularies_are_errors_not_panics() {
         "add_bos without a BOS token"
     );
 }
+
+/// A deterministic xorshift generator for the hostile-input test.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// One to four pieces that tokenizers treat specially: byte-level and SentencePiece
+    /// spaces, special-token brackets, multi-byte characters, the empty string.
+    fn word(&mut self) -> String {
+        const PIECES: [&str; 14] = [
+            "a", "b", "Ġ", "▁", " ", "<", "|", ">", "é", "你", "<0x41>", "", "\n", "1",
+        ];
+        let n = 1 + self.below(4);
+        (0..n)
+            .map(|_| PIECES[self.below(PIECES.len() as u64) as usize])
+            .collect()
+    }
+}
+
+#[test]
+fn hostile_vocabularies_and_inputs_never_panic() {
+    let mut r = Rng(0x2545_F491_4F6C_DD1D);
+    let pres = ["smollm", "llama-bpe", "qwen2", "default", "gpt-2"];
+    let mut loaded = 0;
+    for round in 0..200u64 {
+        // Distinct texts (duplicates are a load error, tested elsewhere).
+        let mut tokens: Vec<String> = (0..1 + r.below(40)).map(|_| r.word()).collect();
+        let mut seen = std::collections::HashSet::new();
+        tokens.retain(|t| seen.insert(t.clone()));
+        let n_tokens = tokens.len() as u64;
+        let v = Vocab {
+            kind: if round % 2 == 0 {
+                VocabKind::Bpe
+            } else {
+                VocabKind::Spm
+            },
+            pre: Some(pres[(round / 2 % 5) as usize].to_string()),
+            tokens,
+            types: (0..n_tokens).map(|_| r.below(8) as i32).collect(),
+            scores: (0..n_tokens)
+                .map(|i| {
+                    if i % 7 == 3 {
+                        f32::NAN
+                    } else {
+                        -(r.below(50) as f32)
+                    }
+                })
+                .collect(),
+            merges: (0..r.below(30))
+                .map(|_| format!("{} {}", r.word(), r.word()))
+                .collect(),
+            bos: Some(r.below(50) as u32),
+            eos: Some(r.below(50) as u32),
+            add_bos: Some(r.below(2) == 0),
+            add_eos: Some(r.below(2) == 0),
+            ..Vocab::default()
+        };
+        // A BOS/EOS asked for but out of range is an error; everything else must load.
+        let Ok(t) = Tokenizer::new(v) else { continue };
+        loaded += 1;
+        let bytes: Vec<u8> = (0..r.below(200)).map(|_| r.next() as u8).collect();
+        let words: String = (0..20).map(|_| r.word()).collect();
+        for input in [&bytes[..], words.as_bytes()] {
+            for (add, parse) in [(false, false), (true, true)] {
+                let ids = t.encode_bytes(input, add, parse);
+                assert!(ids.iter().all(|&i| (i as usize) < t.n_vocab()));
+                let _ = t.detokenize(&ids, add, parse);
+            }
+        }
+    }
+    assert!(loaded > 50, "only {loaded} of 200 vocabularies loaded");
+}

@@ -178,10 +178,8 @@ impl SpmVocab for Tokenizer {
     }
 
     fn rank(&self, id: u32) -> u32 {
-        self.score_ranks
-            .get(id as usize)
-            .copied()
-            .unwrap_or(u32::MAX - 1)
+        // Ids come from vocabulary lookups, so they are in range; 0 keeps the queue in bounds.
+        self.score_ranks.get(id as usize).copied().unwrap_or(0)
     }
 
     fn n_ranks(&self) -> usize {
