@@ -34,6 +34,9 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
         }
         let needle = &t.texts[id as usize];
         let finder = memchr::memmem::Finder::new(needle);
+        if finder.find(text).is_none() {
+            continue; // most special tokens never occur: skip rebuilding the fragment list
+        }
         next.clear();
         for &f in &frags {
             let Fragment::Text(mut start, end) = f else {
