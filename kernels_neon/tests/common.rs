@@ -1,7 +1,7 @@
 //! Test data: deterministic, with the awkward cases ggml's tests do not have.
 #![allow(dead_code)]
 
-use kernels_neon::f16;
+use kernels_neon::{BlockFormat, f16};
 
 /// xorshift64*: deterministic and dependency-free.
 pub struct Rng(u64);
@@ -28,7 +28,9 @@ impl Rng {
 
 /// ggml's `test-quantize-fns` signal: `0.1 + 2 cos(i + offset)`.
 pub fn ggml_signal(n: usize, offset: f32) -> Vec<f32> {
-    (0..n).map(|i| 0.1 + 2.0 * (i as f32 + offset).cos()).collect()
+    (0..n)
+        .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
+        .collect()
 }
 
 /// Weight-like data with awkward blocks mixed in: all zeros, one outlier, a negative extreme,
@@ -43,7 +45,10 @@ pub fn awkward(n: usize, seed: u64) -> Vec<f32> {
             5 => chunk[(b * 5) % chunk.len()] = -4.25,
             7 => chunk.fill(0.125),
             8 => chunk.iter_mut().for_each(|x| *x *= 1e-6),
-            9 => chunk.iter_mut().enumerate().for_each(|(i, x)| *x = (i as f32 - 16.0) * 0.5),
+            9 => chunk
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i as f32 - 16.0) * 0.5),
             _ => {}
         }
     }
@@ -62,7 +67,11 @@ pub fn f32_vec(n: usize, seed: u64, sigma: f32) -> Vec<f32> {
 
 /// ggml's RMSE as used by its tests: `sqrt(sum (a-b)²) / n`.
 pub fn ggml_rmse(a: &[f32], b: &[f32]) -> f32 {
-    let s: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let s: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| ((x - y) as f64).powi(2))
+        .sum();
     (s.sqrt() / a.len() as f64) as f32
 }
 
@@ -83,4 +92,11 @@ pub fn assert_all_close(what: &str, got: &[f32], want: &[f32], rel: f32) {
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         assert_close(&format!("{what}[{i}]"), g, w, rel * w.abs().max(1.0));
     }
+}
+
+/// Blocks of `x`, quantized with the reference quantizer.
+pub fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
+    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
+    B::quantize_row_ref(x, &mut y);
+    y
 }

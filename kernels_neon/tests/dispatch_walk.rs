@@ -21,12 +21,6 @@ const DOT_REL: f32 = 4.0 * f32::EPSILON;
 const OPS_REL: f32 = 2e-6;
 const BLOCK_COUNTS: [usize; 8] = [1, 2, 3, 7, 18, 33, 48, 1536];
 
-fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
-    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
-    B::quantize_row_ref(x, &mut y);
-    y
-}
-
 fn dequant<B: BlockFormat>(x: &[B]) -> Vec<f32> {
     let mut y = vec![0.0; x.len() * B::BLOCK_LEN];
     B::dequantize_row(x, &mut y);
@@ -39,7 +33,11 @@ fn abs_dot<W: BlockFormat>(w: &[W], a: &[W::Activation]) -> f32 {
     x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>() + 1e-30
 }
 
-fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(path: Path, name: &str, fast: fn(&[f32], &mut [B])) {
+fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(
+    path: Path,
+    name: &str,
+    fast: fn(&[f32], &mut [B]),
+) {
     for &nb in &BLOCK_COUNTS {
         for seed in 0..3u64 {
             let x = awkward(nb * B::BLOCK_LEN, seed * 1000 + nb as u64);
@@ -47,7 +45,10 @@ fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(path: Path, nam
             let mut got = vec![B::default(); nb];
             fast(&x, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g, w, "{path}/{name}: block {i} of {nb} differs from the reference");
+                assert_eq!(
+                    g, w,
+                    "{path}/{name}: block {i} of {nb} differs from the reference"
+                );
             }
         }
     }
@@ -66,12 +67,28 @@ fn check_vec_dot<W: BlockFormat>(path: Path, name: &str, fast: fn(&[W], &[W::Act
 
 fn matvec_shapes() -> Vec<(usize, usize)> {
     // (rows, blocks per row): odd row counts around any multi-row tile, and SmolLM2's shapes.
-    let mut v = vec![(1, 1), (2, 3), (3, 18), (4, 1), (5, 7), (7, 2), (8, 18), (9, 48), (17, 33), (31, 5), (64, 18)];
+    let mut v = vec![
+        (1, 1),
+        (2, 3),
+        (3, 18),
+        (4, 1),
+        (5, 7),
+        (7, 2),
+        (8, 18),
+        (9, 48),
+        (17, 33),
+        (31, 5),
+        (64, 18),
+    ];
     v.extend([(1536, 18), (576, 48), (49152, 18)]);
     v
 }
 
-fn check_matvec<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatVecFn<W, W::Activation>) {
+fn check_matvec<W: WeightFormat>(
+    path: Path,
+    name: &str,
+    fast: dispatch::MatVecFn<W, W::Activation>,
+) {
     for (rows, nb) in matvec_shapes() {
         let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 31 + nb) as u64));
         let a: Vec<W::Activation> = quant(&f32_vec(nb * 32, nb as u64, 1.0));
@@ -81,13 +98,31 @@ fn check_matvec<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatVecF
         fast(&w, &a, &mut got);
         for (i, row) in w.chunks_exact(nb).enumerate() {
             let tol = DOT_REL * nb as f32 * abs_dot(row, &a);
-            assert_close(&format!("{path}/{name} {rows}x{nb} row {i}"), got[i], want[i], tol);
+            assert_close(
+                &format!("{path}/{name} {rows}x{nb} row {i}"),
+                got[i],
+                want[i],
+                tol,
+            );
         }
     }
 }
 
-fn check_matmul<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatMulFn<W, W::Activation>) {
-    for (rows, nb, n_tok) in [(1, 1, 1), (3, 2, 2), (5, 7, 3), (8, 18, 4), (17, 3, 7), (33, 18, 13), (64, 48, 16), (576, 18, 33)] {
+fn check_matmul<W: WeightFormat>(
+    path: Path,
+    name: &str,
+    fast: dispatch::MatMulFn<W, W::Activation>,
+) {
+    for (rows, nb, n_tok) in [
+        (1, 1, 1),
+        (3, 2, 2),
+        (5, 7, 3),
+        (8, 18, 4),
+        (17, 3, 7),
+        (33, 18, 13),
+        (64, 48, 16),
+        (576, 18, 33),
+    ] {
         let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows + nb * 7) as u64));
         let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok * 3 + nb) as u64, 1.0));
         let mut want = vec![0.0; rows * n_tok];
@@ -98,7 +133,12 @@ fn check_matmul<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatMulF
             for (t, act) in a.chunks_exact(nb).enumerate() {
                 let tol = DOT_REL * nb as f32 * abs_dot(row, act);
                 let i = ri * n_tok + t;
-                assert_close(&format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"), got[i], want[i], tol);
+                assert_close(
+                    &format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"),
+                    got[i],
+                    want[i],
+                    tol,
+                );
             }
         }
     }
@@ -106,7 +146,13 @@ fn check_matmul<W: WeightFormat>(path: Path, name: &str, fast: dispatch::MatMulF
 
 const LENS: [usize; 12] = [1, 2, 3, 4, 7, 8, 15, 16, 17, 64, 576, 1539];
 
-fn check_unary(path: Path, name: &str, fast: fn(&mut [f32]), reference: fn(&mut [f32]), sigma: f32) {
+fn check_unary(
+    path: Path,
+    name: &str,
+    fast: fn(&mut [f32]),
+    reference: fn(&mut [f32]),
+    sigma: f32,
+) {
     for &n in &LENS {
         let x = f32_vec(n, n as u64, sigma);
         let (mut got, mut want) = (x.clone(), x);
@@ -184,11 +230,21 @@ fn check_kernels(k: &Kernels) {
 
         let abs: f32 = x.iter().zip(&w).map(|(a, b)| (a * b).abs()).sum();
         let tol = DOT_REL * n as f32 * abs + 1e-30;
-        assert_close(&format!("{p}/dot_f32 n={n}"), dot_f32(&x, &w), r::dot_f32_ref(&x, &w), tol);
+        assert_close(
+            &format!("{p}/dot_f32 n={n}"),
+            dot_f32(&x, &w),
+            r::dot_f32_ref(&x, &w),
+            tol,
+        );
         let h = f16_vec(n, n as u64 + 3);
         let habs: f32 = h.iter().zip(&w).map(|(a, b)| (a.to_f32() * b).abs()).sum();
         let htol = DOT_REL * n as f32 * habs + 1e-30;
-        assert_close(&format!("{p}/dot_f16 n={n}"), dot_f16(&h, &w), r::dot_f16_ref(&h, &w), htol);
+        assert_close(
+            &format!("{p}/dot_f16 n={n}"),
+            dot_f16(&h, &w),
+            r::dot_f16_ref(&h, &w),
+            htol,
+        );
 
         let (mut got, mut want) = (x.clone(), x.clone());
         axpy_f32(&mut got, -0.75, &w);
@@ -205,12 +261,26 @@ fn check_kernels(k: &Kernels) {
         block::f16_to_f32_row(&h, &mut want);
         assert_all_close(&format!("{p}/f16_to_f32_row n={n}"), &got, &want, 0.0);
         let mut xs = x.clone();
-        xs.extend([65504.0, 65520.0, 1e9, -1e9, 6e-8, 2.98e-8, -0.0, f32::INFINITY]);
+        xs.extend([
+            65504.0,
+            65520.0,
+            1e9,
+            -1e9,
+            6e-8,
+            2.98e-8,
+            -0.0,
+            f32::INFINITY,
+        ]);
         let (mut got, mut want) = (vec![f16::ZERO; xs.len()], vec![f16::ZERO; xs.len()]);
         f32_to_f16_row(&xs, &mut got);
         block::f32_to_f16_row(&xs, &mut want);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{p}/f32_to_f16_row n={n} [{i}] from {}", xs[i]);
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{p}/f32_to_f16_row n={n} [{i}] from {}",
+                xs[i]
+            );
         }
     }
 
@@ -224,7 +294,14 @@ fn check_kernels(k: &Kernels) {
     r::softmax_ref(&mut want);
     assert_all_close(&format!("{p}/softmax masked"), &got, &want, OPS_REL);
 
-    for (head_dim, n_heads, n_rot) in [(64, 9, 64), (64, 3, 64), (128, 2, 128), (8, 1, 8), (64, 2, 32), (6, 5, 4)] {
+    for (head_dim, n_heads, n_rot) in [
+        (64, 9, 64),
+        (64, 3, 64),
+        (128, 2, 128),
+        (8, 1, 8),
+        (64, 2, 32),
+        (6, 5, 4),
+    ] {
         let x = f32_vec(head_dim * n_heads, head_dim as u64, 1.0);
         let cs: Vec<f32> = (0..n_rot / 2)
             .flat_map(|i| {
@@ -233,13 +310,22 @@ fn check_kernels(k: &Kernels) {
             })
             .collect();
         for (name, fast, reference) in [
-            ("rope_norm", rope_norm, r::rope_norm_ref as fn(&mut [f32], usize, &[f32])),
+            (
+                "rope_norm",
+                rope_norm,
+                r::rope_norm_ref as fn(&mut [f32], usize, &[f32]),
+            ),
             ("rope_neox", rope_neox, r::rope_neox_ref),
         ] {
             let (mut got, mut want) = (x.clone(), x.clone());
             fast(&mut got, head_dim, &cs);
             reference(&mut want, head_dim, &cs);
-            assert_all_close(&format!("{p}/{name} d={head_dim} h={n_heads} rot={n_rot}"), &got, &want, OPS_REL);
+            assert_all_close(
+                &format!("{p}/{name} d={head_dim} h={n_heads} rot={n_rot}"),
+                &got,
+                &want,
+                OPS_REL,
+            );
         }
     }
 }
@@ -266,17 +352,27 @@ fn every_available_path_matches_the_reference() {
 #[test]
 fn expected_paths_are_detected_on_this_cpu() {
     let Ok(expect) = std::env::var("EDGELLM_EXPECT_PATHS") else {
-        eprintln!("kernels_neon: EDGELLM_EXPECT_PATHS not set; best path here is {}", Path::best());
+        eprintln!(
+            "kernels_neon: EDGELLM_EXPECT_PATHS not set; best path here is {}",
+            Path::best()
+        );
         return;
     };
     for name in expect.split(',').filter(|s| !s.is_empty()) {
         let p = Path::parse(name).expect("EDGELLM_EXPECT_PATHS names a known path");
-        assert!(p.is_available(), "path {p} expected on this CPU but missing {:?}", p.missing_feature());
+        assert!(
+            p.is_available(),
+            "path {p} expected on this CPU but missing {:?}",
+            p.missing_feature()
+        );
     }
     if let Ok(not) = std::env::var("EDGELLM_EXPECT_NOT_PATHS") {
         for name in not.split(',').filter(|s| !s.is_empty()) {
             let p = Path::parse(name).expect("EDGELLM_EXPECT_NOT_PATHS names a known path");
-            assert!(!p.is_available(), "path {p} should not be available on this CPU");
+            assert!(
+                !p.is_available(),
+                "path {p} should not be available on this CPU"
+            );
         }
     }
 }
@@ -285,9 +381,16 @@ fn expected_paths_are_detected_on_this_cpu() {
 fn forcing_an_unknown_or_unavailable_path_is_a_clear_error() {
     let e = Path::parse("sse9").unwrap_err();
     assert!(e.to_string().contains("unknown kernel path 'sse9'"), "{e}");
-    let foreign = if cfg!(target_arch = "aarch64") { Path::Avx2 } else { Path::Neon };
+    let foreign = if cfg!(target_arch = "aarch64") {
+        Path::Avx2
+    } else {
+        Path::Neon
+    };
     let e = Kernels::for_path(foreign).unwrap_err();
     assert!(e.to_string().contains("needs CPU feature"), "{e}");
-    assert_eq!(Kernels::for_path(Path::Reference).unwrap().path, Path::Reference);
+    assert_eq!(
+        Kernels::for_path(Path::Reference).unwrap().path,
+        Path::Reference
+    );
     assert_eq!(REFERENCE.path, Path::Reference);
 }

@@ -9,12 +9,6 @@ mod common;
 use common::*;
 use kernels_neon::*;
 
-fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
-    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
-    B::quantize_row_ref(x, &mut y);
-    y
-}
-
 /// Ways to cut `0..rows` into consecutive ranges (given by their ends).
 fn splits(rows: usize) -> Vec<Vec<usize>> {
     let mut v = vec![

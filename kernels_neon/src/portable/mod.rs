@@ -14,8 +14,6 @@ mod matmul;
 mod ops;
 mod quant;
 mod simd;
-#[cfg(test)]
-mod tests;
 
 use crate::dispatch::{Kernels, Path};
 
