@@ -125,6 +125,17 @@ impl Session {
     pub fn truncate(&mut self, n: usize) {
         self.tokens.truncate(n);
     }
+    /// Declares that the cache holds the K/V rows of `tokens` at positions `0..tokens.len()`
+    /// (after restoring them from a snapshot with [`KvCache::read_rows`]). Panics if they do
+    /// not fit the context.
+    pub fn restore_tokens(&mut self, tokens: &[u32]) {
+        assert!(
+            tokens.len() <= self.kv.n_ctx(),
+            "restored tokens exceed the context"
+        );
+        self.tokens.clear();
+        self.tokens.extend_from_slice(tokens);
+    }
 }
 
 /// One model, its kernels, its thread pool and its activation buffers.

@@ -107,6 +107,75 @@ impl KvCache {
         start..start + self.kv_dim
     }
 
+    /// Appends the little-endian bytes of positions `range` in the snapshot record order: for
+    /// each layer, its K rows then its V rows. `range` must lie within `0..n_ctx`.
+    pub fn write_rows(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        assert!(range.start <= range.end && range.end <= self.n_ctx);
+        out.reserve(self.rows_bytes(range.len()));
+        for l in 0..self.n_layer {
+            let a = self.row(l, range.start).start;
+            let b = a + range.len() * self.kv_dim;
+            match &self.store {
+                Store::F16 { k, v } => {
+                    for x in k[a..b].iter().chain(&v[a..b]) {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Store::F32 { k, v } => {
+                    for x in k[a..b].iter().chain(&v[a..b]) {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes [`KvCache::write_rows`] produces for `n` positions.
+    pub fn rows_bytes(&self, n: usize) -> usize {
+        2 * self.n_layer * n * self.kv_dim * self.ty().bytes()
+    }
+
+    /// The inverse of [`KvCache::write_rows`]: stores `bytes` as positions `first..first + n`.
+    /// Returns `false` (and changes nothing) when the length does not match whole positions
+    /// or the positions do not fit the context.
+    pub fn read_rows(&mut self, first: usize, bytes: &[u8]) -> bool {
+        let per_pos = self.rows_bytes(1);
+        if per_pos == 0 || !bytes.len().is_multiple_of(per_pos) {
+            return false;
+        }
+        let n = bytes.len() / per_pos;
+        if first.checked_add(n).is_none_or(|end| end > self.n_ctx) {
+            return false;
+        }
+        let eb = self.ty().bytes();
+        let layer_bytes = n * self.kv_dim * eb;
+        for l in 0..self.n_layer {
+            let a = self.row(l, first).start;
+            let b = a + n * self.kv_dim;
+            let kb = &bytes[2 * l * layer_bytes..(2 * l + 1) * layer_bytes];
+            let vb = &bytes[(2 * l + 1) * layer_bytes..(2 * l + 2) * layer_bytes];
+            match &mut self.store {
+                Store::F16 { k, v } => {
+                    for (x, c) in k[a..b].iter_mut().zip(kb.chunks_exact(2)) {
+                        *x = f16::from_le_bytes([c[0], c[1]]);
+                    }
+                    for (x, c) in v[a..b].iter_mut().zip(vb.chunks_exact(2)) {
+                        *x = f16::from_le_bytes([c[0], c[1]]);
+                    }
+                }
+                Store::F32 { k, v } => {
+                    for (x, c) in k[a..b].iter_mut().zip(kb.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                    for (x, c) in v[a..b].iter_mut().zip(vb.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+            }
+        }
+        true
+    }
+
     /// Writes the key and value rows of layer `l` at `pos`.
     pub fn store(&mut self, k: &Kernels, l: usize, pos: usize, key: &[f32], value: &[f32]) {
         let r = self.row(l, pos);

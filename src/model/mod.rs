@@ -93,6 +93,7 @@ pub struct Model {
     output_norm: TensorRef,
     output: TensorRef,
     layers: Vec<LayerRefs>,
+    fingerprint: [u8; 32],
 }
 
 /// How to open the model file.
@@ -215,6 +216,7 @@ impl Model {
             });
         }
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let fingerprint = fingerprint_of(&gguf);
         let model = Model {
             gguf,
             hp,
@@ -223,6 +225,7 @@ impl Model {
             output_norm,
             output,
             layers,
+            fingerprint,
         };
         // View every tensor once now, so that later views cannot fail (alignment, length).
         for t in model.all_refs() {
@@ -279,6 +282,14 @@ impl Model {
         ChatTemplate::from_gguf(&self.gguf, &self.tokenizer)
     }
 
+    /// SHA-256 of the GGUF header, metadata and tensor table (every byte before the tensor
+    /// data) and of the first 256 bytes of every tensor: another model, quantization or
+    /// tokenizer gives another fingerprint. KV snapshots
+    /// carry it so that one model's cache is never loaded into another.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
     /// The underlying file (metadata for the tokenizer, tensor table for `inspect`).
     pub fn gguf(&self) -> &Gguf {
         &self.gguf
@@ -327,6 +338,25 @@ impl Model {
         per_layer + self.output().bytes()
     }
 }
+
+fn fingerprint_of(gguf: &Gguf) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let bytes = gguf.bytes();
+    let end = usize::try_from(gguf.data_offset()).map_or(bytes.len(), |d| d.min(bytes.len()));
+    let mut h = Sha256::new();
+    h.update(&bytes[..end]);
+    // Two files with the same metadata and tensor table but other weights (a retrained or
+    // re-quantized model exported with the same keys): a sample of every tensor tells them
+    // apart, at the cost of one page read per tensor.
+    for t in gguf.tensors() {
+        let data = gguf.tensor_data(t);
+        h.update(&data[..data.len().min(FINGERPRINT_SAMPLE)]);
+    }
+    h.finalize().into()
+}
+
+/// Bytes of each tensor's data hashed into [`Model::fingerprint`].
+const FINGERPRINT_SAMPLE: usize = 256;
 
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}

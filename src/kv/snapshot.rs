@@ -1,0 +1,499 @@
+//! The KV snapshot format (see `docs/kv-format.md`): a checksummed file header followed by an
+//! append-only log of checksummed records, one per saved turn. Pure functions over bytes, so
+//! hostile inputs are tested without files. Every length is checked before it is used; no input
+//! makes these functions panic or allocate more than the input's own size.
+
+use super::KvType;
+use crc::{CRC_32_ISCSI, Crc};
+use std::fmt;
+use std::ops::Range;
+
+/// File magic.
+pub const MAGIC: [u8; 8] = *b"EDGEKV\0\0";
+/// The format version this build reads and writes.
+pub const VERSION: u32 = 1;
+/// Bytes of the file header.
+pub const HEADER_LEN: usize = 64;
+/// Record magic.
+pub const RECORD_MAGIC: [u8; 4] = *b"KVRC";
+/// Bytes of a record header.
+pub const RECORD_HEADER_LEN: usize = 20;
+/// Record kind: positions appended after the previous record.
+pub const KIND_APPEND: u32 = 1;
+
+const CRC32C: Crc<u32> = Crc::<u32>::new(&CRC_32_ISCSI);
+
+/// CRC-32C (Castagnoli) of `bytes`.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    CRC32C.checksum(bytes)
+}
+
+/// Errors of KV snapshots: each says what is wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{section} at offset {offset}: needs {need} bytes, the file has {have}")]
+    Truncated {
+        section: &'static str,
+        offset: u64,
+        need: u64,
+        have: u64,
+    },
+    #[error("{section} at offset {offset}: bad magic (not an edgellm KV snapshot)")]
+    BadMagic { section: &'static str, offset: u64 },
+    #[error(
+        "format version {found} is newer than this edgellm reads ({supported}); upgrade edgellm or delete the file"
+    )]
+    FutureVersion { found: u32, supported: u32 },
+    #[error("format version {found} is not supported (this edgellm reads version {supported})")]
+    BadVersion { found: u32, supported: u32 },
+    #[error(
+        "{section} at offset {offset}: checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+    )]
+    Checksum {
+        section: &'static str,
+        offset: u64,
+        stored: u32,
+        computed: u32,
+    },
+    #[error("{section} at offset {offset}: {why}")]
+    Invalid {
+        section: &'static str,
+        offset: u64,
+        why: String,
+    },
+    #[error(
+        "the snapshot was made by another model or quantization (file fingerprint {file}, model {model})"
+    )]
+    WrongModel { file: String, model: String },
+    #[error("the snapshot's {field} is {file} but this engine has {expected}")]
+    Mismatch {
+        field: &'static str,
+        file: String,
+        expected: String,
+    },
+}
+
+impl KvError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> KvError {
+        KvError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// What a snapshot's K/V rows belong to: they fit only a cache of exactly this shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// [`crate::model::Model::fingerprint`] of the model that computed the rows.
+    pub fingerprint: [u8; 32],
+    pub n_layer: u32,
+    pub kv_dim: u32,
+    pub dtype: KvType,
+    pub n_ctx: u32,
+}
+
+impl Geometry {
+    /// Bytes of the K and V rows of `count` positions, or `None` on overflow.
+    pub fn kv_bytes(&self, count: u64) -> Option<u64> {
+        2u64.checked_mul(self.n_layer as u64)?
+            .checked_mul(self.kv_dim as u64)?
+            .checked_mul(self.dtype.bytes() as u64)?
+            .checked_mul(count)
+    }
+
+    /// Refuses a snapshot made for another model, cache type or context.
+    pub fn check_matches(&self, want: &Geometry) -> Result<(), KvError> {
+        if self.fingerprint != want.fingerprint {
+            return Err(KvError::WrongModel {
+                file: hex(&self.fingerprint),
+                model: hex(&want.fingerprint),
+            });
+        }
+        let fields: [(&'static str, String, String); 4] = [
+            (
+                "n_layer",
+                self.n_layer.to_string(),
+                want.n_layer.to_string(),
+            ),
+            ("kv_dim", self.kv_dim.to_string(), want.kv_dim.to_string()),
+            (
+                "KV cache type",
+                self.dtype.to_string(),
+                want.dtype.to_string(),
+            ),
+            (
+                "context (n_ctx)",
+                self.n_ctx.to_string(),
+                want.n_ctx.to_string(),
+            ),
+        ];
+        for (field, file, expected) in fields {
+            if file != expected {
+                return Err(KvError::Mismatch {
+                    field,
+                    file,
+                    expected,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Lower-case hex of `b`.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The file header's bytes.
+pub fn encode_header(g: &Geometry) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..8].copy_from_slice(&MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..44].copy_from_slice(&g.fingerprint);
+    h[44..48].copy_from_slice(&g.n_layer.to_le_bytes());
+    h[48..52].copy_from_slice(&g.kv_dim.to_le_bytes());
+    h[52..56].copy_from_slice(&(dtype_code(g.dtype)).to_le_bytes());
+    h[56..60].copy_from_slice(&g.n_ctx.to_le_bytes());
+    let c = crc32c(&h[..60]);
+    h[60..64].copy_from_slice(&c.to_le_bytes());
+    h
+}
+
+fn dtype_code(t: KvType) -> u32 {
+    match t {
+        KvType::F16 => 1,
+        KvType::F32 => 0,
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Decodes and checks the file header (magic, version, checksum, field bounds).
+pub fn decode_header(b: &[u8]) -> Result<Geometry, KvError> {
+    if b.len() < 8 || b[..8] != MAGIC {
+        if b.len() < 8 && MAGIC.starts_with(b) {
+            return Err(truncated("file header", 0, HEADER_LEN, b.len()));
+        }
+        return Err(KvError::BadMagic {
+            section: "file header",
+            offset: 0,
+        });
+    }
+    if b.len() < HEADER_LEN {
+        return Err(truncated("file header", 0, HEADER_LEN, b.len()));
+    }
+    let (stored, computed) = (u32_at(b, 60), crc32c(&b[..60]));
+    let version = u32_at(b, 8);
+    if stored != computed {
+        return Err(KvError::Checksum {
+            section: "file header",
+            offset: 0,
+            stored,
+            computed,
+        });
+    }
+    if version > VERSION {
+        return Err(KvError::FutureVersion {
+            found: version,
+            supported: VERSION,
+        });
+    }
+    if version != VERSION {
+        return Err(KvError::BadVersion {
+            found: version,
+            supported: VERSION,
+        });
+    }
+    let invalid = |why: String| KvError::Invalid {
+        section: "file header",
+        offset: 0,
+        why,
+    };
+    let dtype = match u32_at(b, 52) {
+        1 => KvType::F16,
+        0 => KvType::F32,
+        c => return Err(invalid(format!("unknown cache type code {c}"))),
+    };
+    let mut fingerprint = [0u8; 32];
+    fingerprint.copy_from_slice(&b[12..44]);
+    let g = Geometry {
+        fingerprint,
+        n_layer: u32_at(b, 44),
+        kv_dim: u32_at(b, 48),
+        dtype,
+        n_ctx: u32_at(b, 56),
+    };
+    if g.n_layer == 0 || g.kv_dim == 0 || g.n_ctx == 0 {
+        return Err(invalid(format!(
+            "n_layer {}, kv_dim {} and n_ctx {} must be positive",
+            g.n_layer, g.kv_dim, g.n_ctx
+        )));
+    }
+    Ok(g)
+}
+
+fn truncated(section: &'static str, offset: usize, need: usize, have: usize) -> KvError {
+    KvError::Truncated {
+        section,
+        offset: offset as u64,
+        need: need as u64,
+        have: have as u64,
+    }
+}
+
+/// Appends one record (positions `first..first + tokens.len()`) to `out`. `kv` is what
+/// [`super::KvCache::write_rows`] wrote for those positions.
+pub fn encode_record(g: &Geometry, first: u32, tokens: &[u32], kv: &[u8], out: &mut Vec<u8>) {
+    assert_eq!(
+        Some(kv.len() as u64),
+        g.kv_bytes(tokens.len() as u64),
+        "K/V bytes do not match the positions"
+    );
+    let mut h = [0u8; RECORD_HEADER_LEN];
+    h[0..4].copy_from_slice(&RECORD_MAGIC);
+    h[4..8].copy_from_slice(&KIND_APPEND.to_le_bytes());
+    h[8..12].copy_from_slice(&first.to_le_bytes());
+    h[12..16].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
+    let c = crc32c(&h[..16]);
+    h[16..20].copy_from_slice(&c.to_le_bytes());
+    out.extend_from_slice(&h);
+    let t0 = out.len();
+    for t in tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    let c = crc32c(&out[t0..]);
+    out.extend_from_slice(&c.to_le_bytes());
+    out.extend_from_slice(kv);
+    out.extend_from_slice(&crc32c(kv).to_le_bytes());
+}
+
+/// One valid record of a parsed snapshot.
+#[derive(Clone, Debug)]
+pub struct RecordInfo {
+    /// Offset of the record header in the file.
+    pub offset: u64,
+    pub first: u32,
+    pub count: u32,
+    /// Byte range of the K/V rows in the file.
+    pub kv: Range<usize>,
+}
+
+impl RecordInfo {
+    /// Bytes of the whole record.
+    pub fn len(&self) -> u64 {
+        self.kv.end as u64 + 4 - self.offset
+    }
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// The end of a snapshot that did not hold a complete record: what a write interrupted by a
+/// crash or power cut leaves. It is dropped; the snapshot is at its last complete record.
+#[derive(Debug)]
+pub struct TornTail {
+    pub offset: u64,
+    pub bytes: u64,
+    pub reason: KvError,
+}
+
+impl fmt::Display for TornTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "incomplete last record ({} bytes from offset {}) dropped: {}",
+            self.bytes, self.offset, self.reason
+        )
+    }
+}
+
+/// A structurally valid snapshot.
+#[derive(Debug)]
+pub struct Parsed {
+    pub geometry: Geometry,
+    /// Tokens of positions `0..tokens.len()`, from the valid records.
+    pub tokens: Vec<u32>,
+    pub records: Vec<RecordInfo>,
+    /// Bytes up to the end of the last valid record (where the next record goes).
+    pub valid_len: u64,
+    pub torn: Option<TornTail>,
+}
+
+/// Parses and checks a whole snapshot: header, then records in order (checksums, contiguous
+/// positions from 0, bounded by the context). A fault in the last record — one that reaches the
+/// end of the file — is a torn write: the snapshot ends before it ([`Parsed::torn`]). A fault
+/// anywhere else is corruption and an error.
+pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
+    let geometry = decode_header(b)?;
+    let mut p = Parsed {
+        tokens: Vec::new(),
+        records: Vec::new(),
+        valid_len: HEADER_LEN as u64,
+        torn: None,
+        geometry,
+    };
+    let mut at = HEADER_LEN;
+    while at < b.len() {
+        match parse_record(&p.geometry, b, at, p.tokens.len()) {
+            Ok(rec) => {
+                at = rec.end;
+                p.tokens.extend_from_slice(&rec.tokens);
+                p.records.push(rec.info);
+                p.valid_len = at as u64;
+            }
+            Err(Fault::Torn(reason)) => {
+                p.torn = Some(TornTail {
+                    offset: at as u64,
+                    bytes: (b.len() - at) as u64,
+                    reason,
+                });
+                break;
+            }
+            Err(Fault::Corrupt(e)) => return Err(e),
+        }
+    }
+    Ok(p)
+}
+
+enum Fault {
+    Torn(KvError),
+    Corrupt(KvError),
+}
+
+struct Rec {
+    info: RecordInfo,
+    tokens: Vec<u32>,
+    end: usize,
+}
+
+fn parse_record(g: &Geometry, b: &[u8], at: usize, have: usize) -> Result<Rec, Fault> {
+    let rest = b.len() - at;
+    if rest < RECORD_HEADER_LEN {
+        return Err(Fault::Torn(truncated(
+            "record header",
+            at,
+            RECORD_HEADER_LEN,
+            rest,
+        )));
+    }
+    let h = &b[at..at + RECORD_HEADER_LEN];
+    let (first, count) = (u32_at(h, 8), u32_at(h, 12));
+    // A torn write is the last record, cut short or with unwritten pages. A header that fails
+    // its checksum cannot say how long its record is: it is the torn tail unless more bytes
+    // follow than any record could hold (then a later record exists, and this is corruption).
+    let len = record_len(g, count);
+    let room = (g.n_ctx as usize).saturating_sub(have) as u32;
+    let may_be_tail = record_len(g, room).is_none_or(|n| rest as u64 <= n);
+    let fault = |e: KvError| {
+        if may_be_tail {
+            Fault::Torn(e)
+        } else {
+            Fault::Corrupt(e)
+        }
+    };
+    if h[..4] != RECORD_MAGIC {
+        return Err(fault(KvError::BadMagic {
+            section: "record header",
+            offset: at as u64,
+        }));
+    }
+    let (stored, computed) = (u32_at(h, 16), crc32c(&h[..16]));
+    if stored != computed {
+        return Err(fault(KvError::Checksum {
+            section: "record header",
+            offset: at as u64,
+            stored,
+            computed,
+        }));
+    }
+    let invalid = |why: String| KvError::Invalid {
+        section: "record header",
+        offset: at as u64,
+        why,
+    };
+    // A valid header checksum means the header is what was written: its faults are corruption.
+    let kind = u32_at(h, 4);
+    if kind != KIND_APPEND {
+        return Err(Fault::Corrupt(invalid(format!(
+            "unknown record kind {kind}"
+        ))));
+    }
+    if first as usize != have {
+        return Err(Fault::Corrupt(invalid(format!(
+            "record starts at position {first}, but the records before it end at {have}"
+        ))));
+    }
+    let end_pos = first as u64 + count as u64;
+    if count == 0 || end_pos > g.n_ctx as u64 {
+        return Err(Fault::Corrupt(invalid(format!(
+            "record of {count} positions from {first} does not fit the context of {}",
+            g.n_ctx
+        ))));
+    }
+    let len = len.expect("bounded by n_ctx, so no overflow");
+    if len > rest as u64 {
+        return Err(Fault::Torn(truncated("record", at, len as usize, rest)));
+    }
+    // Checked above: the whole record is in `b`. With a valid header, a bad section is a torn
+    // write only in the last record.
+    let is_last = len == rest as u64;
+    let fault = |e: KvError| {
+        if is_last {
+            Fault::Torn(e)
+        } else {
+            Fault::Corrupt(e)
+        }
+    };
+    let t0 = at + RECORD_HEADER_LEN;
+    let t1 = t0 + 4 * count as usize;
+    let (stored, computed) = (u32_at(b, t1), crc32c(&b[t0..t1]));
+    if stored != computed {
+        return Err(fault(KvError::Checksum {
+            section: "record tokens",
+            offset: t0 as u64,
+            stored,
+            computed,
+        }));
+    }
+    let k0 = t1 + 4;
+    let k1 = at + len as usize - 4;
+    let (stored, computed) = (u32_at(b, k1), crc32c(&b[k0..k1]));
+    if stored != computed {
+        return Err(fault(KvError::Checksum {
+            section: "record K/V rows",
+            offset: k0 as u64,
+            stored,
+            computed,
+        }));
+    }
+    let tokens = b[t0..t1]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Rec {
+        info: RecordInfo {
+            offset: at as u64,
+            first,
+            count,
+            kv: k0..k1,
+        },
+        tokens,
+        end: at + len as usize,
+    })
+}
+
+/// Bytes of a record of `count` positions, or `None` on overflow.
+pub fn record_len(g: &Geometry, count: u32) -> Option<u64> {
+    let kv = g.kv_bytes(count as u64)?;
+    (RECORD_HEADER_LEN as u64 + 4 * count as u64 + 4 + 4).checked_add(kv)
+}
