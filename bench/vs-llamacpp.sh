@@ -21,7 +21,7 @@ for q in "${quants[@]}"; do
     model=$(models/fetch.sh "$q" | tail -n 1)
     for r in $(seq "$rounds"); do
         echo "bench: $q round $r/$rounds" >&2
-        "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" --threads-list "$threads" -r "$reps" --json > "$out/edgellm-$q-$r.json"
+        "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" --json > "$out/edgellm-$q-$r.json"
         "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
     done
 done

@@ -2,9 +2,11 @@
 //! measures them, so the two can be run side by side on the same files.
 
 use super::CliResult;
-use super::common::ModelArgs;
 use edgellm::engine::{Engine, EngineConfig, Session};
+use edgellm::kv::KvType;
+use edgellm::model::{LoadOptions, Model};
 use serde_json::json;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,16 +17,31 @@ use std::time::Instant;
 /// mean and standard deviation.
 #[derive(clap::Args)]
 pub struct Args {
-    #[command(flatten)]
-    model: ModelArgs,
+    /// Model file (.gguf).
+    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
+    model: PathBuf,
+    /// Context length; raised to fit -p and -n if smaller.
+    #[arg(short = 'c', long = "ctx", default_value_t = 512)]
+    ctx: usize,
+    /// Prompt tokens per forward pass.
+    #[arg(long, default_value_t = 64)]
+    chunk: usize,
+    /// KV cache element type: f16 or f32.
+    #[arg(long, default_value = "f16", value_parser = KvType::parse)]
+    kv_type: KvType,
     /// Prompt length for pp (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
     n_prompt: usize,
     /// Generated tokens for tg (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
     n_gen: usize,
-    /// Thread counts to measure, comma-separated (overrides -t).
-    #[arg(long = "threads-list", value_delimiter = ',', default_value = "1,2")]
+    /// Thread counts to measure, comma-separated.
+    #[arg(
+        short = 't',
+        long = "threads",
+        value_delimiter = ',',
+        default_value = "1,2"
+    )]
     threads_list: Vec<usize>,
     /// Repetitions per measurement.
     #[arg(short = 'r', long, default_value_t = 3)]
@@ -58,11 +75,9 @@ fn measure(
 }
 
 pub fn run(a: Args) -> CliResult {
-    let loaded = a.model.load()?;
-    let model = Arc::clone(loaded.engine.model());
-    drop(loaded);
+    let model = Arc::new(Model::load(&a.model, &LoadOptions::default())?);
     let n_vocab = model.hp.n_vocab as u32;
-    let ctx = a.model.ctx.max(a.n_prompt.max(a.n_gen) + 1);
+    let ctx = a.ctx.max(a.n_prompt.max(a.n_gen) + 1);
     // Deterministic, ordinary token ids (not special tokens).
     let prompt: Vec<u32> = (0..a.n_prompt as u32)
         .map(|i| 100 + (i * 7919) % (n_vocab - 200))
@@ -71,9 +86,9 @@ pub fn run(a: Args) -> CliResult {
     for &threads in &a.threads_list {
         let cfg = EngineConfig {
             n_ctx: ctx,
-            chunk: a.model.chunk.max(1),
+            chunk: a.chunk,
             threads,
-            kv_type: a.model.kv_type,
+            kv_type: a.kv_type,
         };
         let mut e = Engine::new(Arc::clone(&model), cfg)?;
         let mut s = e.new_session();
@@ -110,7 +125,7 @@ pub fn run(a: Args) -> CliResult {
     }
     println!(
         "model: {}  ({:.1} MiB of weights per token)",
-        a.model.model.display(),
+        a.model.display(),
         model.weight_bytes_per_token() as f64 / (1 << 20) as f64
     );
     println!("| threads | kernels | test   |            t/s |");

@@ -45,8 +45,8 @@ impl ModelArgs {
     pub fn load(&self) -> Result<Loaded, String> {
         let t0 = Instant::now();
         let path = &self.model;
-        let model = Model::load(path, &LoadOptions { mlock: self.mlock })
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let model =
+            Model::load(path, &LoadOptions { mlock: self.mlock }).map_err(|e| e.to_string())?;
         let cfg = EngineConfig {
             n_ctx: self.ctx,
             chunk: self.chunk,

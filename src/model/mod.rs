@@ -43,6 +43,12 @@ pub enum ModelError {
     },
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
+    /// Any of the above, for a named file (the loader's own errors already name it).
+    #[error("{path}: {source}")]
+    InFile {
+        path: String,
+        source: Box<ModelError>,
+    },
 }
 
 /// A tensor resolved at load: its index in the file's tensor table and its matrix shape.
@@ -108,7 +114,13 @@ impl Model {
     /// and a type the kernels run.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
         let gguf = Gguf::open(path, &OpenOptions::new().mlock(opts.mlock))?;
-        Model::from_gguf(gguf)
+        Model::from_gguf(gguf).map_err(|e| match e {
+            ModelError::Gguf(_) => e,
+            other => ModelError::InFile {
+                path: path.display().to_string(),
+                source: Box::new(other),
+            },
+        })
     }
 
     /// Builds a model over an already opened file.
