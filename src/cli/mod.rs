@@ -8,6 +8,7 @@ mod bench;
 mod common;
 mod inspect;
 mod kernels;
+mod kv;
 mod quantize;
 mod run;
 mod tokenize;
@@ -35,6 +36,8 @@ enum Command {
     Bench(bench::Args),
     /// Tokenize standard input with a model's tokenizer and print the ids.
     Tokenize(tokenize::Args),
+    /// Inspect or verify a KV snapshot file (`run --session-file`).
+    Kv(kv::Args),
     /// Requantize a GGUF model to q4_0, q4_1, q8_0 or f16 (llama.cpp-identical tensor bytes).
     Quantize(quantize::Args),
 }
@@ -50,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Kernels(a) => kernels::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Kv(a) => kv::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

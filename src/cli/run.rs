@@ -2,11 +2,12 @@
 
 use super::CliResult;
 use super::common::ModelArgs;
-use edgellm::engine::{FinishReason, GenParams, Sampler, SamplingParams};
+use edgellm::engine::{FinishReason, GenParams, Sampler, SamplingParams, Session};
+use edgellm::kv::{Geometry, SaveKind, SnapshotFile, file};
 use edgellm::tokenizer::{ChatMessage, StreamDecoder};
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Generate a completion for one prompt.
 ///
@@ -73,6 +74,11 @@ pub struct Args {
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Keep the session's KV cache in this file: restore it when its tokens are a prefix of
+    /// this prompt's (only the rest is computed), save the new positions after generating.
+    /// A bad or foreign file is moved aside (F.corrupt-<time>) and the prompt is computed.
+    #[arg(long)]
+    session_file: Option<PathBuf>,
     /// Drop tokens from the front of a prompt that does not fit the context (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -155,6 +161,10 @@ pub fn run(a: Args) -> CliResult {
 
     let mut sampler = Sampler::new(sampling, model.hp.n_vocab);
     let mut session = engine.new_session();
+    let mut snapshot = a.session_file.as_ref().map(|path| {
+        let g = Geometry::of(&model, n_ctx, engine.config().kv_type);
+        restore(path, g, &mut session)
+    });
     let params = GenParams {
         max_tokens: a.max_tokens,
         top_logits: a.top_logits,
@@ -190,6 +200,8 @@ pub fn run(a: Args) -> CliResult {
         },
     )?;
     text.push_str(&stream.finish());
+    // Saving never loses the answer: a failure is logged and reported, and exit is 0.
+    let session_report = snapshot.as_mut().map(|f| save(f, &session));
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(());
@@ -226,6 +238,10 @@ pub fn run(a: Args) -> CliResult {
             "kernels": engine.kernels().name(),
             "threads": engine.config().threads,
         });
+        let mut v = v;
+        if let Some(r) = session_report {
+            v["session"] = r;
+        }
         writeln!(out, "{v}")?;
     } else {
         if !text.ends_with('\n') {
@@ -236,4 +252,62 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// Restores `path` into `session`. Any fault is logged with its reason; a file that exists but
+/// is not a valid snapshot of this model is moved aside, and the session starts empty.
+fn restore(path: &Path, g: Geometry, session: &mut Session) -> SnapshotFile {
+    let mut f = SnapshotFile::new(path, g.clone());
+    match f.load(&mut session.kv) {
+        Ok(torn) => {
+            if let Some(t) = torn {
+                tracing::warn!(file = %path.display(), "session file: {t}");
+            }
+            session.restore_tokens(f.tokens());
+            tracing::info!(file = %path.display(), tokens = f.tokens().len(), "session restored");
+            f
+        }
+        Err(e) => {
+            tracing::warn!(file = %path.display(), "session file not restored: {e}");
+            if !matches!(e, edgellm::kv::KvError::Io { .. }) {
+                match file::move_aside(path) {
+                    Ok(to) => tracing::warn!(to = %to.display(), "bad session file moved aside"),
+                    Err(e) => tracing::error!("cannot move the bad session file aside: {e}"),
+                }
+            }
+            session.truncate(0);
+            SnapshotFile::new(path, g)
+        }
+    }
+}
+
+/// Saves the session's new positions; returns the JSON report.
+fn save(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
+    match f.save(&session.kv, session.tokens()) {
+        Ok(kind) => {
+            let (write, positions, bytes) = match kind {
+                SaveKind::Unchanged => ("unchanged", 0, 0),
+                SaveKind::Appended { positions, bytes } => ("appended", positions, bytes),
+                SaveKind::Rewritten { positions, bytes } => ("rewritten", positions, bytes),
+            };
+            tracing::info!(file = %f.path().display(), write, positions, bytes, "session saved");
+            json!({
+                "file": f.path(),
+                "saved": true,
+                "write": write,
+                "positions_written": positions,
+                "bytes_written": bytes,
+                "tokens": f.tokens().len(),
+            })
+        }
+        Err(e) => {
+            tracing::error!("session not saved (the answer is unaffected): {e}");
+            json!({
+                "file": f.path(),
+                "saved": false,
+                "error": e.to_string(),
+                "tokens": f.tokens().len(),
+            })
+        }
+    }
 }

@@ -248,15 +248,25 @@ fn sync_dir(dir: &Path) -> Result<(), KvError> {
         .map_err(|e| KvError::io(dir, e))
 }
 
-/// Moves a bad snapshot aside to `<path>.corrupt-<unix seconds>` (keeping it for a post-mortem
+/// Moves a bad snapshot aside to `<path>.corrupt-<unix seconds>[-n]` (keeping it for a post-mortem
 /// without loading it again) and returns the new name.
 pub fn move_aside(path: &Path) -> Result<PathBuf, KvError> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut name = path.as_os_str().to_os_string();
-    name.push(format!(".corrupt-{secs}"));
-    let to = PathBuf::from(name);
+    // Never overwrite an earlier bad file: `.corrupt-<secs>`, else `.corrupt-<secs>-<n>`.
+    let name = |n: u32| {
+        let mut s = path.as_os_str().to_os_string();
+        s.push(match n {
+            0 => format!(".corrupt-{secs}"),
+            n => format!(".corrupt-{secs}-{n}"),
+        });
+        PathBuf::from(s)
+    };
+    let to = (0..1000)
+        .map(name)
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| name(1000));
     std::fs::rename(path, &to).map_err(|e| KvError::io(path, e))?;
     if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         sync_dir(d)?;

@@ -1,0 +1,258 @@
+//! `edgellm run --session-file` and `edgellm kv inspect|verify` on a tiny synthetic model.
+
+use edgellm::model::synth::{SynthSpec, synth_model_bytes};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn edgellm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(args)
+        .output()
+        .expect("spawn edgellm")
+}
+
+/// A synthetic model whose vocabulary holds the printable ASCII characters (ids 3..97), so
+/// that `--prompt` text tokenizes one character per token.
+fn model_bytes(spec: &SynthSpec) -> Vec<u8> {
+    use edgellm::gguf::{Array, Gguf, GgufWriter};
+    let g = Gguf::from_bytes("synth.gguf", synth_model_bytes(spec)).unwrap();
+    let mut w = GgufWriter::new();
+    w.set_all(g.metadata());
+    let tokens: Vec<String> = (0..spec.n_vocab)
+        .map(|i| match i {
+            0 => "<|endoftext|>".to_string(),
+            1 => "<|im_start|>".to_string(),
+            2 => "<|im_end|>".to_string(),
+            3..97 => char::from(b'!' + (i - 3) as u8).to_string(),
+            _ => format!("x{i}"),
+        })
+        .collect();
+    w.set_array("tokenizer.ggml.tokens", Array::String(tokens));
+    for t in g.tensors() {
+        w.add_tensor(&t.name, t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    w.to_bytes().unwrap()
+}
+
+fn model(dir: &Path) -> String {
+    let p = dir.join("synth.gguf");
+    std::fs::write(&p, model_bytes(&SynthSpec::default())).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn json_of(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "edgellm failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn run_json(m: &str, prompt: &str, n: usize, session: Option<&Path>) -> Value {
+    json_of(&run(m, prompt, n, session))
+}
+
+fn run(m: &str, prompt: &str, n: usize, session: Option<&Path>) -> Output {
+    let n = n.to_string();
+    let mut args = vec![
+        "run", "-m", m, "--prompt", prompt, "-n", &n, "--json", "-c", "64", "-t", "1", "--temp",
+        "0.9", "--seed", "3",
+    ];
+    let s;
+    if let Some(p) = session {
+        s = p.to_str().unwrap().to_string();
+        args.extend(["--session-file", &s]);
+    }
+    edgellm(&args)
+}
+
+fn kv(args: &[&str]) -> (bool, String) {
+    let mut a = vec!["kv"];
+    a.extend(args);
+    let out = edgellm(&a);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+const P1: &str = "abcdefgh";
+const P2: &str = "abcdefghijkl";
+
+#[test]
+fn a_restored_session_computes_only_the_rest_and_answers_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    let fresh = run_json(&m, P2, 4, None);
+
+    let a = run_json(&m, P1, 1, Some(&f));
+    assert_eq!(a["timings"]["restored_tokens"], 0);
+    assert_eq!(a["session"]["saved"], true, "{a}");
+    assert_eq!(a["session"]["write"], "rewritten");
+    assert_eq!(a["session"]["tokens"], 8);
+
+    let b = run_json(&m, P2, 4, Some(&f));
+    assert_eq!(
+        b["generated_ids"], fresh["generated_ids"],
+        "restored != fresh"
+    );
+    assert_eq!(b["timings"]["restored_tokens"], 8);
+    assert_eq!(b["timings"]["prompt_tokens"], 4);
+    assert!(b["timings"]["prompt_ms"].is_number());
+    assert_eq!(b["session"]["write"], "appended", "{b}");
+    assert_eq!(b["session"]["positions_written"], 7);
+
+    let fs = f.to_str().unwrap();
+    let (ok, text) = kv(&["verify", fs, "-m", &m, "--ctx", "64"]);
+    assert!(ok && text.contains("ok (15 tokens in 2 records)"), "{text}");
+    let (ok, text) = kv(&["inspect", fs, "-m", &m]);
+    assert!(
+        ok && text.contains("records:      2") && text.contains("model:        matches"),
+        "{text}"
+    );
+    let (ok, text) = kv(&["verify", fs, "-m", &m, "--ctx", "128"]);
+    assert!(
+        !ok && text.contains("context (n_ctx) is 64 but this engine has 128"),
+        "{text}"
+    );
+
+    // A prompt that diverges from the saved tokens: the common prefix is reused and the file
+    // is rewritten (compacted) to the new conversation.
+    let c = run_json(&m, "abcdXYZ", 3, Some(&f));
+    assert_eq!(
+        c["generated_ids"],
+        run_json(&m, "abcdXYZ", 3, None)["generated_ids"]
+    );
+    assert_eq!(c["timings"]["restored_tokens"], 4);
+    assert_eq!(c["session"]["write"], "rewritten");
+    let (ok, text) = kv(&["verify", fs]);
+    assert!(ok && text.contains("ok (9 tokens in 1 records)"), "{text}");
+}
+
+fn moved_aside(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".corrupt-")
+        })
+        .count()
+}
+
+#[test]
+fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    let fs = f.to_str().unwrap();
+    let fresh = run_json(&m, P2, 4, None);
+    run_json(&m, P1, 1, Some(&f));
+
+    // A flipped bit in the K/V rows of the only record: a torn last record, dropped.
+    let good = std::fs::read(&f).unwrap();
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x10;
+    std::fs::write(&f, &bad).unwrap();
+    let (ok, text) = kv(&["verify", fs]);
+    assert!(
+        !ok && text.contains("record K/V rows") && text.contains("checksum"),
+        "{text}"
+    );
+    let out = run(&m, P2, 4, Some(&f));
+    let v = json_of(&out);
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    assert_eq!(v["timings"]["restored_tokens"], 0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("incomplete last record"));
+    assert!(kv(&["verify", fs]).0, "the next save repaired the file");
+
+    // Garbage: refused, moved aside, recomputed, and a good file saved in its place.
+    std::fs::write(&f, b"not a snapshot at all, no no").unwrap();
+    let out = run(&m, P2, 4, Some(&f));
+    let v = json_of(&out);
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad magic") && err.contains("moved aside"),
+        "{err}"
+    );
+    assert_eq!(moved_aside(dir.path()), 1);
+    assert!(kv(&["verify", fs]).0);
+
+    // Another model (other weights, same metadata).
+    let other = dir.path().join("other.gguf");
+    std::fs::write(
+        &other,
+        model_bytes(&SynthSpec {
+            seed: 9,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let o = other.to_str().unwrap();
+    let (ok, text) = kv(&["verify", fs, "-m", o]);
+    assert!(!ok && text.contains("another model"), "{text}");
+    let out = run(o, P2, 4, Some(&f));
+    let v = json_of(&out);
+    assert_eq!(v["timings"]["restored_tokens"], 0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another model or quantization"));
+    assert_eq!(moved_aside(dir.path()), 2);
+}
+
+/// Disk full (simulated by RLIMIT_FSIZE, so that it runs unprivileged: writes past the limit
+/// fail with EFBIG part-way, as with ENOSPC) and a read-only state directory: the answer is
+/// given, the failure is logged and reported, exit status 0, the saved file undamaged.
+#[test]
+fn disk_full_or_read_only_state_still_answers_and_damages_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    let fs = f.to_str().unwrap();
+    let fresh = run_json(&m, P2, 4, None);
+    run_json(&m, P1, 1, Some(&f));
+    let saved = std::fs::read(&f).unwrap();
+    assert!(saved.len() < 5 * 512);
+
+    // 5 blocks of 512 bytes: the append of 7 positions (~1.9 KB) fails part-way.
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 5; exec '{}' run -m '{m}' --prompt {P2} -n 4 --json -c 64 -t 1 --temp 0.9 --seed 3 --session-file '{fs}'",
+        env!("CARGO_BIN_EXE_edgellm")
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let v = json_of(&out);
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    assert_eq!(v["session"]["saved"], false, "{v}");
+    let err = v["session"]["error"].as_str().unwrap();
+    assert!(
+        err.contains("too large") || err.contains("No space"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("session not saved"));
+    assert_eq!(std::fs::read(&f).unwrap(), saved, "the saved file changed");
+
+    // A state directory we cannot write to: not writable for an unprivileged user, and /sys
+    // (no file may be created there) for root, who ignores permission bits.
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let root = std::fs::write(ro.join("probe"), b"").is_ok();
+    let target = if root {
+        Path::new("/sys/edgellm-kv-test.kv").to_path_buf()
+    } else {
+        ro.join("s.kv")
+    };
+    let v = run_json(&m, P2, 4, Some(&target));
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    assert_eq!(v["session"]["saved"], false, "{v}");
+    assert!(!target.exists());
+}
