@@ -124,7 +124,8 @@ fn top_logits_match_llama_cpp_for_every_quant() {
 }
 
 /// Greedy continuations equal llama.cpp's up to the point where llama.cpp's own precise path
-/// agrees with it, stopping at the first near-tie (margin < 0.5); the first token always.
+/// agrees with it, stopping before the first later near-tie (margin < 0.5); the first token
+/// always.
 #[test]
 fn greedy_continuations_match_llama_cpp() {
     let data = common::read_json("greedy.json");
@@ -144,15 +145,17 @@ fn greedy_continuations_match_llama_cpp() {
         let (got, _) = greedy(&mut e, &prompt, want.len());
         assert_eq!(got[0], want[0], "{}: first generated token", case["id"]);
         for i in 0..agree.min(want.len()) {
+            // A near-tie in llama.cpp's own logits is where another implementation may
+            // legitimately take the other branch: stop comparing there.
+            if i > 0 && margins[i] < 0.5 {
+                break;
+            }
             assert_eq!(
                 got.get(i),
                 Some(&want[i]),
                 "{}: step {i} of {got:?} vs {want:?}",
                 case["id"]
             );
-            if margins[i] < 0.5 {
-                break;
-            }
         }
         matched += got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         compared += want.len();
