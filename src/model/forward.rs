@@ -160,9 +160,9 @@ pub fn forward(
                 }
             }
         }
-        let n_rot2 = hp.n_rot;
+        let n_rot = hp.n_rot;
         for t in 0..n {
-            let cs = &ar.rope[(pos0 + t) * n_rot2..(pos0 + t + 1) * n_rot2];
+            let cs = &ar.rope[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
             let rope = match hp.rope_type {
                 RopeType::Norm => k.rope_norm,
                 RopeType::Neox => k.rope_neox,
