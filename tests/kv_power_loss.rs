@@ -176,7 +176,8 @@ fn sigkill_during_saves_never_corrupts_or_changes_answers() {
         start.elapsed().as_secs_f64()
     );
     assert!(
-        killed >= TRIALS / 4,
+        killed >= TRIALS / 10,
         "only {killed} runs were killed before the end"
     );
+    assert!(torn >= 10, "only {torn} torn tails were exercised");
 }
