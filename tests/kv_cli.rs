@@ -173,6 +173,8 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
     assert_eq!(v["generated_ids"], fresh["generated_ids"]);
     assert_eq!(v["timings"]["restored_tokens"], 0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("incomplete last record"));
+    let torn = v["session"]["load"]["torn_tail"].as_str().unwrap();
+    assert!(torn.contains("incomplete last record"), "{v}");
     assert!(kv(&["verify", fs]).0, "the next save repaired the file");
 
     // Garbage: refused, moved aside, recomputed, and a good file saved in its place.
@@ -185,6 +187,19 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
         err.contains("bad magic") && err.contains("moved aside"),
         "{err}"
     );
+    assert!(
+        v["session"]["load"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("bad magic")
+    );
+    assert!(
+        v["session"]["load"]["moved_to"]
+            .as_str()
+            .unwrap()
+            .contains(".corrupt-")
+    );
+    assert_eq!(v["session"]["saved"], true);
     assert_eq!(moved_aside(dir.path()), 1);
     assert!(kv(&["verify", fs]).0);
 
@@ -251,6 +266,22 @@ fn disk_full_or_read_only_state_still_answers_and_damages_nothing() {
     } else {
         ro.join("s.kv")
     };
+    // A session file that cannot be read (here: a directory) is reported, left alone and not
+    // saved to.
+    let unreadable = dir.path().join("adir");
+    std::fs::create_dir(&unreadable).unwrap();
+    let v = run_json(&m, P2, 4, Some(&unreadable));
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    assert_eq!(v["session"]["saved"], false, "{v}");
+    assert!(
+        v["session"]["load"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("adir"),
+        "{v}"
+    );
+    assert!(unreadable.is_dir() && moved_aside(dir.path()) == 0);
+
     let v = run_json(&m, P2, 4, Some(&target));
     assert_eq!(v["generated_ids"], fresh["generated_ids"]);
     assert_eq!(v["session"]["saved"], false, "{v}");

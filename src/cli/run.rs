@@ -24,7 +24,10 @@ Examples:
 With --json, one object is printed at the end: prompt_ids, generated_ids (with the
 end-of-generation token when generation stopped on one), text, finish_reason, top_logits
 ([id, logit] after the prompt, with --top-logits) and timings (load_ms, prompt_ms, ttft_ms,
-decode_tps, …). Errors go to stderr with a non-zero exit status.")]
+decode_tps, restored_tokens, …). With --session-file, \"session\" reports the load (tokens
+restored, a dropped torn tail, or why the file was refused and where it was moved) and the save
+(saved, write: appended|rewritten|unchanged, or the error; the answer is printed and the exit
+status is 0 even when saving fails). Errors go to stderr with a non-zero exit status.")]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -254,35 +257,78 @@ pub fn run(a: Args) -> CliResult {
     Ok(())
 }
 
+/// The session file of a run: the snapshot to save to (none when the file could not be read),
+/// and what its load did, for the JSON report.
+struct SessionFile {
+    file: Option<SnapshotFile>,
+    path: PathBuf,
+    load: serde_json::Value,
+}
+
 /// Restores `path` into `session`. Any fault is logged with its reason; a file that exists but
-/// is not a valid snapshot of this model is moved aside, and the session starts empty.
-fn restore(path: &Path, g: Geometry, session: &mut Session) -> SnapshotFile {
+/// is not a valid snapshot of this model is moved aside, and the session starts empty. A file
+/// that cannot be read (an I/O error) is left alone and not saved to.
+fn restore(path: &Path, g: Geometry, session: &mut Session) -> SessionFile {
     let mut f = SnapshotFile::new(path, g.clone());
-    match f.load(&mut session.kv) {
+    let (file, load) = match f.load(&mut session.kv) {
         Ok(torn) => {
-            if let Some(t) = torn {
+            if let Some(t) = &torn {
                 tracing::warn!(file = %path.display(), "session file: {t}");
             }
             session.restore_tokens(f.tokens());
             tracing::info!(file = %path.display(), tokens = f.tokens().len(), "session restored");
-            f
+            let load = json!({
+                "tokens": f.tokens().len(),
+                "torn_tail": torn.map(|t| t.to_string()),
+            });
+            (Some(f), load)
         }
         Err(e) => {
             tracing::warn!(file = %path.display(), "session file not restored: {e}");
-            if !matches!(e, edgellm::kv::KvError::Io { .. }) {
-                match file::move_aside(path) {
-                    Ok(to) => tracing::warn!(to = %to.display(), "bad session file moved aside"),
-                    Err(e) => tracing::error!("cannot move the bad session file aside: {e}"),
-                }
-            }
             session.truncate(0);
-            SnapshotFile::new(path, g)
+            if matches!(e, edgellm::kv::KvError::Io { .. }) {
+                (None, json!({ "tokens": 0, "error": e.to_string() }))
+            } else {
+                let moved = match file::move_aside(path) {
+                    Ok(to) => {
+                        tracing::warn!(to = %to.display(), "bad session file moved aside");
+                        Some(to)
+                    }
+                    Err(e) => {
+                        tracing::error!("cannot move the bad session file aside: {e}");
+                        None
+                    }
+                };
+                let load = json!({ "tokens": 0, "error": e.to_string(), "moved_to": moved });
+                (Some(SnapshotFile::new(path, g)), load)
+            }
         }
+    };
+    SessionFile {
+        file,
+        path: path.to_path_buf(),
+        load,
     }
 }
 
 /// Saves the session's new positions; returns the JSON report.
-fn save(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
+fn save(sf: &mut SessionFile, session: &Session) -> serde_json::Value {
+    let mut v = match &mut sf.file {
+        Some(f) => save_to(f, session),
+        None => {
+            tracing::error!("session not saved: its file could not be read");
+            json!({
+                "saved": false,
+                "error": "not saved: the session file could not be read",
+            })
+        }
+    };
+    v["file"] = json!(sf.path);
+    v["load"] = sf.load.clone();
+    v
+}
+
+fn save_to(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
     match f.save(&session.kv, session.tokens()) {
         Ok(kind) => {
             let (write, positions, bytes) = match kind {
@@ -292,7 +338,6 @@ fn save(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
             };
             tracing::info!(file = %f.path().display(), write, positions, bytes, "session saved");
             json!({
-                "file": f.path(),
                 "saved": true,
                 "write": write,
                 "positions_written": positions,
@@ -303,7 +348,6 @@ fn save(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
         Err(e) => {
             tracing::error!("session not saved (the answer is unaffected): {e}");
             json!({
-                "file": f.path(),
                 "saved": false,
                 "error": e.to_string(),
                 "tokens": f.tokens().len(),
