@@ -279,3 +279,34 @@ fn a_failed_save_reports_and_damages_nothing() {
     g.load(&mut kv).unwrap();
     assert_eq!(g.tokens().len(), n);
 }
+
+/// A corrupt middle record makes the snapshot unusable, but the conversation's tokens whose
+/// checksums hold can still be recovered, for recomputing it.
+#[test]
+fn tokens_are_salvaged_from_a_snapshot_with_corrupt_rows() {
+    let (model, files, toks) = three_turns(KvType::F16);
+    let full = files.last().unwrap();
+    let g = Geometry::of(&model, CTX, KvType::F16);
+    // A flipped bit in the K/V rows of the second record: refused, all tokens salvaged.
+    let mut b = full.clone();
+    b[files[1].len() - 10] ^= 4;
+    assert!(snapshot::parse(&b).is_err());
+    let (fg, t) = snapshot::salvage_tokens(&b).unwrap();
+    assert_eq!((fg, &t), (g.clone(), &toks[2]));
+    // A flipped bit in the tokens of the second record: only the first record's tokens.
+    let mut b = full.clone();
+    b[files[0].len() + snapshot::RECORD_HEADER_LEN + 2] ^= 1;
+    assert!(snapshot::parse(&b).is_err());
+    assert_eq!(snapshot::salvage_tokens(&b).unwrap().1, toks[0]);
+    // Through a file, for the right model only.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kv");
+    std::fs::write(&path, &b).unwrap();
+    assert_eq!(edgellm::kv::file::salvage_tokens(&path, &g), toks[0]);
+    let other = Geometry {
+        n_ctx: 2 * CTX as u32,
+        ..g
+    };
+    assert!(edgellm::kv::file::salvage_tokens(&path, &other).is_empty());
+    assert!(snapshot::salvage_tokens(b"junk").is_none());
+}

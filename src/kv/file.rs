@@ -44,6 +44,20 @@ pub fn read(path: &Path) -> Result<(Vec<u8>, Parsed), KvError> {
     Ok((bytes, parsed))
 }
 
+/// The tokens of a snapshot that cannot be restored (see [`snapshot::salvage_tokens`]), if it
+/// was made for `want`: feed them to recompute the conversation. Empty when nothing is
+/// salvageable or the file belongs to another model or shape.
+pub fn salvage_tokens(path: &Path, want: &Geometry) -> Vec<u32> {
+    let fits = std::fs::metadata(path).is_ok_and(|m| m.len() <= max_file_len(want));
+    let Some(bytes) = fits.then(|| std::fs::read(path).ok()).flatten() else {
+        return Vec::new();
+    };
+    match snapshot::salvage_tokens(&bytes) {
+        Some((g, tokens)) if g == *want => tokens,
+        _ => Vec::new(),
+    }
+}
+
 /// What [`SnapshotFile::save`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SaveKind {

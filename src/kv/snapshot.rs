@@ -344,7 +344,7 @@ pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
     };
     let mut at = HEADER_LEN;
     while at < b.len() {
-        match parse_record(&p.geometry, b, at, p.tokens.len()) {
+        match parse_record(&p.geometry, b, at, p.tokens.len(), true) {
             Ok(rec) => {
                 at = rec.end;
                 p.tokens.extend_from_slice(&rec.tokens);
@@ -376,7 +376,33 @@ struct Rec {
     end: usize,
 }
 
-fn parse_record(g: &Geometry, b: &[u8], at: usize, have: usize) -> Result<Rec, Fault> {
+/// The tokens of a snapshot whose K/V rows cannot be used (a corrupt record, a torn tail):
+/// those of the leading records whose header and token checksums hold, K/V rows unchecked, with
+/// the file's geometry, so that a caller that finds the model right can recompute the
+/// conversation from them. `None` when the file header itself is bad.
+pub fn salvage_tokens(b: &[u8]) -> Option<(Geometry, Vec<u32>)> {
+    let g = decode_header(b).ok()?;
+    let mut tokens = Vec::new();
+    let mut at = HEADER_LEN;
+    while at < b.len() {
+        match parse_record(&g, b, at, tokens.len(), false) {
+            Ok(rec) => {
+                at = rec.end;
+                tokens.extend_from_slice(&rec.tokens);
+            }
+            Err(_) => break,
+        }
+    }
+    Some((g, tokens))
+}
+
+fn parse_record(
+    g: &Geometry,
+    b: &[u8],
+    at: usize,
+    have: usize,
+    check_kv: bool,
+) -> Result<Rec, Fault> {
     let rest = b.len() - at;
     if rest < RECORD_HEADER_LEN {
         return Err(Fault::Torn(truncated(
@@ -468,7 +494,7 @@ fn parse_record(g: &Geometry, b: &[u8], at: usize, have: usize) -> Result<Rec, F
     let k0 = t1 + 4;
     let k1 = at + len as usize - 4;
     let (stored, computed) = (u32_at(b, k1), crc32c(&b[k0..k1]));
-    if stored != computed {
+    if check_kv && stored != computed {
         return Err(fault(KvError::Checksum {
             section: "record K/V rows",
             offset: k0 as u64,
