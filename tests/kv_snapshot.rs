@@ -130,12 +130,41 @@ fn restore_then_continue_equals_uninterrupted_generation() {
     }
 }
 
+/// Loads `bytes` through a file (the streaming reader) and checks that it agrees with
+/// [`snapshot::parse`]: the same tokens, torn tail and verdict.
+fn load_agrees_with_parse(model: &Model, dir: &std::path::Path, bytes: &[u8]) {
+    let path = dir.join("x.kv");
+    std::fs::write(&path, bytes).unwrap();
+    let hp = &model.hp;
+    let mut kv = edgellm::kv::KvCache::new(hp.n_layer, CTX, hp.n_head_kv, hp.head_dim, KvType::F16);
+    let mut f = SnapshotFile::new(&path, Geometry::of(model, CTX, KvType::F16));
+    let loaded = f.load(&mut kv);
+    match (snapshot::parse(bytes), loaded) {
+        (Ok(p), Ok(torn)) => {
+            assert_eq!(f.tokens(), p.tokens);
+            assert_eq!(torn.is_some(), p.torn.is_some());
+            for r in &p.records {
+                let mut a = Vec::new();
+                kv.write_rows(r.first as usize..(r.first + r.count) as usize, &mut a);
+                assert!(
+                    a == bytes[r.kv.clone()],
+                    "restored rows differ from the file's"
+                );
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        (a, b) => panic!("parse {a:?} but load {b:?}"),
+    }
+}
+
 #[test]
 fn every_truncation_restores_a_complete_prefix_or_is_refused() {
-    let (_, files, toks) = three_turns(KvType::F16);
+    let (model, files, toks) = three_turns(KvType::F16);
     let full = files.last().unwrap();
     let ends: Vec<usize> = files.iter().map(|f| f.len()).collect();
+    let dir = tempfile::tempdir().unwrap();
     for cut in 0..=full.len() {
+        load_agrees_with_parse(&model, dir.path(), &full[..cut]);
         match snapshot::parse(&full[..cut]) {
             Err(e) => assert!(cut < HEADER_LEN, "cut {cut}: {e}"),
             Ok(p) => {
@@ -158,9 +187,10 @@ fn every_truncation_restores_a_complete_prefix_or_is_refused() {
 
 #[test]
 fn random_bit_flips_are_detected() {
-    let (_, files, toks) = three_turns(KvType::F16);
+    let (model, files, toks) = three_turns(KvType::F16);
     let full = files.last().unwrap();
     let ends: Vec<usize> = files.iter().map(|f| f.len()).collect();
+    let dir = tempfile::tempdir().unwrap();
     let mut x = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..1000 {
         x ^= x << 13;
@@ -169,6 +199,7 @@ fn random_bit_flips_are_detected() {
         let bit = (x % (full.len() as u64 * 8)) as usize;
         let mut b = full.clone();
         b[bit / 8] ^= 1 << (bit % 8);
+        load_agrees_with_parse(&model, dir.path(), &b);
         match snapshot::parse(&b) {
             Err(e) => assert!(!e.to_string().is_empty()),
             Ok(p) => {
@@ -309,4 +340,41 @@ fn tokens_are_salvaged_from_a_snapshot_with_corrupt_rows() {
     };
     assert!(edgellm::kv::file::salvage_tokens(&path, &other).is_empty());
     assert!(snapshot::salvage_tokens(b"junk").is_none());
+}
+
+/// A long session is saved as records of at most `MAX_RECORD_POSITIONS` positions (a restore
+/// reads one record at a time) and restores exactly.
+#[test]
+fn long_sessions_are_saved_in_bounded_records_and_restore_exactly() {
+    use edgellm::kv::file::MAX_RECORD_POSITIONS;
+    let model = Arc::new(synth_model(&SynthSpec::default()));
+    let n_ctx = 2 * MAX_RECORD_POSITIONS + 100;
+    let cfg = EngineConfig {
+        n_ctx,
+        chunk: 64,
+        threads: 1,
+        kv_type: KvType::F32,
+    };
+    let mut e = Engine::new(Arc::clone(&model), cfg.clone()).unwrap();
+    let mut s = e.new_session();
+    e.feed(&mut s, &prompt(2 * MAX_RECORD_POSITIONS + 10, 4))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.kv");
+    let g = Geometry::of(&model, n_ctx, KvType::F32);
+    let mut f = SnapshotFile::new(&path, g.clone());
+    f.save(&s.kv, s.tokens()).unwrap();
+    let (_, p) = edgellm::kv::file::read(&path).unwrap();
+    let counts: Vec<u32> = p.records.iter().map(|r| r.count).collect();
+    assert_eq!(counts, [256, 256, 10]);
+
+    let e2 = Engine::new(Arc::clone(&model), cfg).unwrap();
+    let mut s2 = e2.new_session();
+    let mut f2 = SnapshotFile::new(&path, g);
+    assert!(f2.load(&mut s2.kv).unwrap().is_none());
+    assert_eq!(f2.tokens(), s.tokens());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    s.kv.write_rows(0..s.tokens().len(), &mut a);
+    s2.kv.write_rows(0..s.tokens().len(), &mut b);
+    assert!(a == b, "restored rows differ");
 }

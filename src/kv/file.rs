@@ -4,7 +4,9 @@
 //! argument.
 
 use super::KvCache;
-use super::snapshot::{self, Geometry, HEADER_LEN, KvError, Parsed, TornTail};
+use super::snapshot::{
+    self, Fault, Geometry, HEADER_LEN, KvError, Parsed, RECORD_HEADER_LEN, TornTail,
+};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -21,6 +23,18 @@ fn max_file_len(g: &Geometry) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// Most positions in one record we write: a restore reads one record at a time, so this bounds
+/// its memory (SmolLM2-135M, f16: 256 × 23 KiB = 5.6 MiB).
+pub const MAX_RECORD_POSITIONS: usize = 256;
+
+fn too_long(len: u64, max: u64) -> KvError {
+    KvError::Invalid {
+        section: "file",
+        offset: max,
+        why: format!("{len} bytes is more than any snapshot of this shape can hold ({max})"),
+    }
+}
+
 /// Reads and parses a snapshot file (checks everything but which model it belongs to).
 pub fn read(path: &Path) -> Result<(Vec<u8>, Parsed), KvError> {
     let io = |e| KvError::io(path, e);
@@ -31,11 +45,7 @@ pub fn read(path: &Path) -> Result<(Vec<u8>, Parsed), KvError> {
     let g = snapshot::decode_header(&head)?;
     let max = max_file_len(&g);
     if len > max {
-        return Err(KvError::Invalid {
-            section: "file",
-            offset: max,
-            why: format!("{len} bytes is more than any snapshot of this shape can hold ({max})"),
-        });
+        return Err(too_long(len, max));
     }
     let mut bytes = head;
     bytes.reserve_exact((len as usize).saturating_sub(HEADER_LEN));
@@ -100,18 +110,24 @@ impl SnapshotFile {
     }
 
     /// Restores the file's positions into `kv` (which must have this snapshot's shape) and
-    /// returns the torn tail that was dropped, if any. A missing file restores nothing. On
-    /// error `kv` may hold some rows but no tokens are claimed: the caller starts empty.
+    /// returns the torn tail that was dropped, if any. A missing file restores nothing. The file
+    /// is streamed one record at a time (at most [`MAX_RECORD_POSITIONS`] positions for the
+    /// files we write), so a restore needs little memory beyond the cache. On error `kv` may
+    /// hold some rows but no tokens are claimed: the caller starts empty.
     pub fn load(&mut self, kv: &mut KvCache) -> Result<Option<TornTail>, KvError> {
         self.tokens.clear();
         self.valid_len = None;
         if !self.path.exists() {
             return Ok(None);
         }
-        let (bytes, parsed) = read(&self.path)?;
-        parsed.geometry.check_matches(&self.geometry)?;
+        let io = |e| KvError::io(&self.path, e);
+        let mut f = File::open(&self.path).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        let mut buf = vec![0u8; HEADER_LEN.min(len as usize)];
+        f.read_exact(&mut buf).map_err(io)?;
+        let g = snapshot::decode_header(&buf)?;
+        g.check_matches(&self.geometry)?;
         let cache_shape = (kv.n_layer(), kv.kv_dim(), kv.ty(), kv.n_ctx());
-        let g = &self.geometry;
         if cache_shape
             != (
                 g.n_layer as usize,
@@ -126,18 +142,48 @@ impl SnapshotFile {
                 expected: format!("{cache_shape:?}"),
             });
         }
-        for r in &parsed.records {
-            if !kv.read_rows(r.first as usize, &bytes[r.kv.clone()]) {
-                return Err(KvError::Invalid {
-                    section: "record K/V rows",
-                    offset: r.kv.start as u64,
-                    why: "rows do not fit the cache".into(),
-                });
+        let max = max_file_len(&g);
+        if len > max {
+            return Err(too_long(len, max));
+        }
+        let mut tokens = Vec::new();
+        let mut at = HEADER_LEN as u64;
+        let mut torn = None;
+        while at < len {
+            let rest = len - at;
+            let head = (RECORD_HEADER_LEN as u64).min(rest) as usize;
+            buf.clear();
+            buf.resize(head, 0);
+            f.read_exact(&mut buf).map_err(io)?;
+            let extent = snapshot::record_extent(&g, &buf, rest) as usize;
+            buf.resize(extent.max(head), 0);
+            f.read_exact(&mut buf[head..]).map_err(io)?;
+            match snapshot::check_record(&g, &buf, at, rest, tokens.len()) {
+                Ok(rec) => {
+                    if !kv.read_rows(rec.info.first as usize, &buf[rec.info.kv.clone()]) {
+                        return Err(KvError::Invalid {
+                            section: "record K/V rows",
+                            offset: at,
+                            why: "rows do not fit the cache".into(),
+                        });
+                    }
+                    tokens.extend_from_slice(&rec.tokens);
+                    at += rec.end as u64;
+                }
+                Err(Fault::Torn(reason)) => {
+                    torn = Some(TornTail {
+                        offset: at,
+                        bytes: rest,
+                        reason,
+                    });
+                    break;
+                }
+                Err(Fault::Corrupt(e)) => return Err(e),
             }
         }
-        self.tokens = parsed.tokens;
-        self.valid_len = Some(parsed.valid_len);
-        Ok(parsed.torn)
+        self.tokens = tokens;
+        self.valid_len = Some(at);
+        Ok(torn)
     }
 
     /// Saves `tokens` (whose K/V rows `kv` holds at positions `0..tokens.len()`): appends the
@@ -167,23 +213,34 @@ impl SnapshotFile {
         }
     }
 
-    fn record(&self, kv: &KvCache, tokens: &[u32], first: usize) -> Vec<u8> {
-        let mut rows = Vec::new();
-        kv.write_rows(first..tokens.len(), &mut rows);
-        let mut out = Vec::with_capacity(rows.len() + 32 + 4 * tokens.len());
-        snapshot::encode_record(
-            &self.geometry,
-            first as u32,
-            &tokens[first..],
-            &rows,
-            &mut out,
-        );
-        out
+    /// Writes the records of positions `first..tokens.len()` to `w`, at most
+    /// [`MAX_RECORD_POSITIONS`] each (bounded memory, and bounded records to read back);
+    /// returns the bytes written.
+    fn write_records(
+        &self,
+        kv: &KvCache,
+        tokens: &[u32],
+        first: usize,
+        w: &mut impl Write,
+    ) -> std::io::Result<u64> {
+        let (mut rows, mut rec) = (Vec::new(), Vec::new());
+        let mut bytes = 0;
+        let mut a = first;
+        while a < tokens.len() {
+            let b = (a + MAX_RECORD_POSITIONS).min(tokens.len());
+            rows.clear();
+            rec.clear();
+            kv.write_rows(a..b, &mut rows);
+            snapshot::encode_record(&self.geometry, a as u32, &tokens[a..b], &rows, &mut rec);
+            w.write_all(&rec)?;
+            bytes += rec.len() as u64;
+            a = b;
+        }
+        Ok(bytes)
     }
 
     fn append(&mut self, kv: &KvCache, tokens: &[u32], end: u64) -> Result<SaveKind, KvError> {
         let first = self.tokens.len();
-        let rec = self.record(kv, tokens, first);
         let io = |e| KvError::io(&self.path, e);
         let mut f = OpenOptions::new()
             .write(true)
@@ -195,33 +252,37 @@ impl SnapshotFile {
                 f.set_len(end)?;
             }
             f.seek(SeekFrom::Start(end))?;
-            f.write_all(&rec)?;
-            f.sync_data()
+            let n = self.write_records(kv, tokens, first, &mut f)?;
+            f.sync_data()?;
+            Ok(n)
         })();
-        if let Err(e) = written {
-            // Best effort: leave the file at its last complete record.
-            let _ = f.set_len(end).and_then(|_| f.sync_data());
-            return Err(io(e));
-        }
+        let bytes = match written {
+            Ok(n) => n,
+            Err(e) => {
+                // Best effort: leave the file at its last complete record.
+                let _ = f.set_len(end).and_then(|_| f.sync_data());
+                return Err(io(e));
+            }
+        };
         self.tokens.extend_from_slice(&tokens[first..]);
-        self.valid_len = Some(end + rec.len() as u64);
+        self.valid_len = Some(end + bytes);
         Ok(SaveKind::Appended {
             positions: tokens.len() - first,
-            bytes: rec.len() as u64,
+            bytes,
         })
     }
 
     fn rewrite(&mut self, kv: &KvCache, tokens: &[u32]) -> Result<SaveKind, KvError> {
-        let mut bytes = snapshot::encode_header(&self.geometry).to_vec();
-        if !tokens.is_empty() {
-            bytes.extend_from_slice(&self.record(kv, tokens, 0));
-        }
-        replace_file(&self.path, &bytes)?;
+        let header = snapshot::encode_header(&self.geometry);
+        let bytes = replace_file_with(&self.path, |f| {
+            f.write_all(&header)?;
+            Ok(HEADER_LEN as u64 + self.write_records(kv, tokens, 0, f)?)
+        })?;
         self.tokens = tokens.to_vec();
-        self.valid_len = Some(bytes.len() as u64);
+        self.valid_len = Some(bytes);
         Ok(SaveKind::Rewritten {
             positions: tokens.len(),
-            bytes: bytes.len() as u64,
+            bytes,
         })
     }
 }
@@ -229,6 +290,14 @@ impl SnapshotFile {
 /// Replaces `path` by `bytes` atomically: a temporary file in the same directory, `fsync`,
 /// `rename` over `path`, `fsync` of the directory. A crash leaves the old or the new file.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), KvError> {
+    replace_file_with(path, |f| f.write_all(bytes).map(|_| bytes.len() as u64)).map(|_| ())
+}
+
+/// As [`replace_file`], with the contents written by `write` (which returns their length).
+pub fn replace_file_with(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<u64>,
+) -> Result<u64, KvError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -243,12 +312,13 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), KvError> {
     let tmp = dir.join(tmp_name);
     let result = (|| {
         let mut f = File::create(&tmp).map_err(|e| KvError::io(&tmp, e))?;
-        f.write_all(bytes)
-            .and_then(|_| f.sync_all())
+        let n = write(&mut f)
+            .and_then(|n| f.sync_all().map(|_| n))
             .map_err(|e| KvError::io(&tmp, e))?;
         drop(f);
         std::fs::rename(&tmp, path).map_err(|e| KvError::io(path, e))?;
-        sync_dir(&dir)
+        sync_dir(&dir)?;
+        Ok(n)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

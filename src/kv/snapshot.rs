@@ -344,9 +344,18 @@ pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
     };
     let mut at = HEADER_LEN;
     while at < b.len() {
-        match parse_record(&p.geometry, b, at, p.tokens.len(), true) {
-            Ok(rec) => {
-                at = rec.end;
+        match parse_record(
+            &p.geometry,
+            &b[at..],
+            at,
+            b.len() - at,
+            p.tokens.len(),
+            true,
+        ) {
+            Ok(mut rec) => {
+                rec.info.offset = at as u64;
+                rec.info.kv = at + rec.info.kv.start..at + rec.info.kv.end;
+                at += rec.end;
                 p.tokens.extend_from_slice(&rec.tokens);
                 p.records.push(rec.info);
                 p.valid_len = at as u64;
@@ -365,15 +374,48 @@ pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
     Ok(p)
 }
 
-enum Fault {
+/// Why a record cannot be used.
+#[derive(Debug)]
+pub enum Fault {
+    /// The last write, interrupted: the snapshot ends before this record.
     Torn(KvError),
+    /// Damage before the end: the snapshot is unusable.
     Corrupt(KvError),
 }
 
-struct Rec {
-    info: RecordInfo,
-    tokens: Vec<u32>,
-    end: usize,
+/// A checked record, as [`check_record`] returns it.
+#[derive(Debug)]
+pub struct Rec {
+    /// Its K/V range is relative to the bytes given to [`check_record`].
+    pub info: RecordInfo,
+    pub tokens: Vec<u32>,
+    /// Bytes of the record.
+    pub end: usize,
+}
+
+/// Bytes a reader needs from the start of a record to check it, given its first
+/// `min(RECORD_HEADER_LEN, rest)` bytes `h` and the `rest` bytes from it to the end of the file:
+/// the whole record when its header holds, else just the header. Never more than `rest`.
+pub fn record_extent(g: &Geometry, h: &[u8], rest: u64) -> u64 {
+    let header = (RECORD_HEADER_LEN as u64).min(rest);
+    if h.len() < RECORD_HEADER_LEN
+        || h[..4] != RECORD_MAGIC
+        || u32_at(h, 16) != crc32c(&h[..16])
+        || u32_at(h, 12) > g.n_ctx
+    {
+        return header;
+    }
+    record_len(g, u32_at(h, 12)).map_or(header, |n| n.min(rest))
+}
+
+/// Checks one record for a reader that streams the file: `b` holds the record's first
+/// [`record_extent`] bytes, `at` is its offset, `rest` the bytes from it to the end of the file
+/// and `have` the positions before it. The same rules as [`parse`].
+pub fn check_record(g: &Geometry, b: &[u8], at: u64, rest: u64, have: usize) -> Result<Rec, Fault> {
+    let rest = usize::try_from(rest).unwrap_or(usize::MAX);
+    let mut rec = parse_record(g, b, at as usize, rest, have, true)?;
+    rec.info.offset = at;
+    Ok(rec)
 }
 
 /// The tokens of a snapshot whose K/V rows cannot be used (a corrupt record, a torn tail):
@@ -385,9 +427,9 @@ pub fn salvage_tokens(b: &[u8]) -> Option<(Geometry, Vec<u32>)> {
     let mut tokens = Vec::new();
     let mut at = HEADER_LEN;
     while at < b.len() {
-        match parse_record(&g, b, at, tokens.len(), false) {
+        match parse_record(&g, &b[at..], at, b.len() - at, tokens.len(), false) {
             Ok(rec) => {
-                at = rec.end;
+                at += rec.end;
                 tokens.extend_from_slice(&rec.tokens);
             }
             Err(_) => break,
@@ -396,15 +438,17 @@ pub fn salvage_tokens(b: &[u8]) -> Option<(Geometry, Vec<u32>)> {
     Some((g, tokens))
 }
 
+/// Checks the record at offset `at` of a file with `rest` bytes from there to its end; `b`
+/// holds its first [`record_extent`] bytes (or more). Offsets in `Rec` are relative to `b`.
 fn parse_record(
     g: &Geometry,
     b: &[u8],
     at: usize,
+    rest: usize,
     have: usize,
     check_kv: bool,
 ) -> Result<Rec, Fault> {
-    let rest = b.len() - at;
-    if rest < RECORD_HEADER_LEN {
+    if rest < RECORD_HEADER_LEN || b.len() < RECORD_HEADER_LEN {
         return Err(Fault::Torn(truncated(
             "record header",
             at,
@@ -412,7 +456,7 @@ fn parse_record(
             rest,
         )));
     }
-    let h = &b[at..at + RECORD_HEADER_LEN];
+    let h = &b[..RECORD_HEADER_LEN];
     let (first, count) = (u32_at(h, 8), u32_at(h, 12));
     // A torn write is the last record, cut short or with unwritten pages. A header that fails
     // its checksum cannot say how long its record is: it is the torn tail unless more bytes
@@ -467,8 +511,13 @@ fn parse_record(
         ))));
     }
     let len = len.expect("bounded by n_ctx, so no overflow");
-    if len > rest as u64 {
-        return Err(Fault::Torn(truncated("record", at, len as usize, rest)));
+    if len > rest as u64 || len > b.len() as u64 {
+        return Err(Fault::Torn(truncated(
+            "record",
+            at,
+            len as usize,
+            rest.min(b.len()),
+        )));
     }
     // Checked above: the whole record is in `b`. With a valid header, a bad section is a torn
     // write only in the last record.
@@ -480,24 +529,24 @@ fn parse_record(
             Fault::Corrupt(e)
         }
     };
-    let t0 = at + RECORD_HEADER_LEN;
+    let t0 = RECORD_HEADER_LEN;
     let t1 = t0 + 4 * count as usize;
     let (stored, computed) = (u32_at(b, t1), crc32c(&b[t0..t1]));
     if stored != computed {
         return Err(fault(KvError::Checksum {
             section: "record tokens",
-            offset: t0 as u64,
+            offset: (at + t0) as u64,
             stored,
             computed,
         }));
     }
     let k0 = t1 + 4;
-    let k1 = at + len as usize - 4;
+    let k1 = len as usize - 4;
     let (stored, computed) = (u32_at(b, k1), crc32c(&b[k0..k1]));
     if check_kv && stored != computed {
         return Err(fault(KvError::Checksum {
             section: "record K/V rows",
-            offset: k0 as u64,
+            offset: (at + k0) as u64,
             stored,
             computed,
         }));
@@ -514,7 +563,7 @@ fn parse_record(
             kv: k0..k1,
         },
         tokens,
-        end: at + len as usize,
+        end: len as usize,
     })
 }
 
