@@ -5,7 +5,7 @@
 
 pub mod engine;
 pub mod gguf;
-pub mod quantize;
 pub mod kv;
 pub mod model;
+pub mod quantize;
 pub mod tokenizer;

@@ -39,7 +39,14 @@ pub enum Path {
 
 impl Path {
     /// Every path, slowest first.
-    pub const ALL: [Path; 6] = [Path::Reference, Path::Portable, Path::Neon, Path::Dotprod, Path::I8mm, Path::Avx2];
+    pub const ALL: [Path; 6] = [
+        Path::Reference,
+        Path::Portable,
+        Path::Neon,
+        Path::Dotprod,
+        Path::I8mm,
+        Path::Avx2,
+    ];
 
     /// The name used by `EDGELLM_KERNELS` and in logs.
     pub fn name(self) -> &'static str {
@@ -188,7 +195,11 @@ impl fmt::Display for KernelError {
             KernelError::Unavailable { path, missing } => write!(
                 f,
                 "kernel path '{path}' needs CPU feature '{missing}', which this CPU lacks (available: {})",
-                Path::available().iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+                Path::available()
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
@@ -241,7 +252,9 @@ pub struct Kernels {
 
 impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Kernels").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Kernels")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -337,6 +350,24 @@ macro_rules! weight_format {
         }
     };
 }
-weight_format!(BlockQ4_0, quantize_row_q8_0, vec_dot_q4_0_q8_0, matvec_q4_0_q8_0, matmul_q4_0_q8_0);
-weight_format!(BlockQ4_1, quantize_row_q8_1, vec_dot_q4_1_q8_1, matvec_q4_1_q8_1, matmul_q4_1_q8_1);
-weight_format!(BlockQ8_0, quantize_row_q8_0, vec_dot_q8_0_q8_0, matvec_q8_0_q8_0, matmul_q8_0_q8_0);
+weight_format!(
+    BlockQ4_0,
+    quantize_row_q8_0,
+    vec_dot_q4_0_q8_0,
+    matvec_q4_0_q8_0,
+    matmul_q4_0_q8_0
+);
+weight_format!(
+    BlockQ4_1,
+    quantize_row_q8_1,
+    vec_dot_q4_1_q8_1,
+    matvec_q4_1_q8_1,
+    matmul_q4_1_q8_1
+);
+weight_format!(
+    BlockQ8_0,
+    quantize_row_q8_0,
+    vec_dot_q8_0_q8_0,
+    matvec_q8_0_q8_0,
+    matmul_q8_0_q8_0
+);

@@ -13,9 +13,9 @@ pub mod block;
 pub mod dispatch;
 pub mod reference;
 
-mod portable;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -4,7 +4,10 @@ use crate::block::f16;
 
 /// `out = x / sqrt(mean(x²) + eps) * w`. The sum of squares is kept in f64 as ggml does.
 pub fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    assert!(x.len() == w.len() && x.len() == out.len(), "rms_norm: length mismatch");
+    assert!(
+        x.len() == w.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
     if x.is_empty() {
         return;
     }
@@ -35,15 +38,27 @@ pub fn softmax_ref(x: &mut [f32]) {
 
 /// SwiGLU: `out = silu(gate) * up`, `silu(g) = g / (1 + exp(-g))`.
 pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    assert!(gate.len() == up.len() && gate.len() == out.len(), "silu_mul: length mismatch");
+    assert!(
+        gate.len() == up.len() && gate.len() == out.len(),
+        "silu_mul: length mismatch"
+    );
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
 pub fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
-    assert!(head_dim > 0 && x.len() % head_dim == 0, "rope: {} values are not whole heads of {}", x.len(), head_dim);
-    assert!(cs.len() % 2 == 0 && cs.len() <= head_dim, "rope: bad cos/sin table length {}", cs.len());
+    assert!(
+        head_dim > 0 && x.len() % head_dim == 0,
+        "rope: {} values are not whole heads of {}",
+        x.len(),
+        head_dim
+    );
+    assert!(
+        cs.len() % 2 == 0 && cs.len() <= head_dim,
+        "rope: bad cos/sin table length {}",
+        cs.len()
+    );
 }
 
 /// RoPE, "normal" (LLaMA/ggml mode 0): rotates adjacent pairs `(x[2i], x[2i+1])` of each head.

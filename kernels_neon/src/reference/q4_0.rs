@@ -2,7 +2,11 @@ use crate::block::{BlockFormat, BlockQ4_0, BlockQ8_0, QK4_0, f16};
 
 /// ggml `quantize_row_q4_0_ref`: the value of largest magnitude maps to -8, so its sign is kept.
 pub fn quantize_row_q4_0_ref(x: &[f32], y: &mut [BlockQ4_0]) {
-    assert_eq!(x.len(), y.len() * QK4_0, "quantize_row_q4_0_ref: length mismatch");
+    assert_eq!(
+        x.len(),
+        y.len() * QK4_0,
+        "quantize_row_q4_0_ref: length mismatch"
+    );
     for (xb, yb) in x.chunks_exact(QK4_0).zip(y.iter_mut()) {
         let mut amax = 0.0f32;
         let mut max = 0.0f32;
@@ -28,7 +32,11 @@ pub fn quantize_row_q4_0_ref(x: &[f32], y: &mut [BlockQ4_0]) {
 
 /// ggml `dequantize_row_q4_0`.
 pub fn dequantize_row_q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
-    assert_eq!(y.len(), x.len() * QK4_0, "dequantize_row_q4_0: length mismatch");
+    assert_eq!(
+        y.len(),
+        x.len() * QK4_0,
+        "dequantize_row_q4_0: length mismatch"
+    );
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK4_0)) {
         let d = xb.d.to_f32();
         for j in 0..QK4_0 / 2 {

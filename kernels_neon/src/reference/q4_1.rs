@@ -2,7 +2,11 @@ use crate::block::{BlockFormat, BlockQ4_1, BlockQ8_1, QK4_1, f16};
 
 /// ggml `quantize_row_q4_1_ref`: min maps to 0, max to 15.
 pub fn quantize_row_q4_1_ref(x: &[f32], y: &mut [BlockQ4_1]) {
-    assert_eq!(x.len(), y.len() * QK4_1, "quantize_row_q4_1_ref: length mismatch");
+    assert_eq!(
+        x.len(),
+        y.len() * QK4_1,
+        "quantize_row_q4_1_ref: length mismatch"
+    );
     for (xb, yb) in x.chunks_exact(QK4_1).zip(y.iter_mut()) {
         let mut min = f32::MAX;
         let mut max = -f32::MAX;
@@ -30,7 +34,11 @@ pub fn quantize_row_q4_1_ref(x: &[f32], y: &mut [BlockQ4_1]) {
 
 /// ggml `dequantize_row_q4_1`.
 pub fn dequantize_row_q4_1(x: &[BlockQ4_1], y: &mut [f32]) {
-    assert_eq!(y.len(), x.len() * QK4_1, "dequantize_row_q4_1: length mismatch");
+    assert_eq!(
+        y.len(),
+        x.len() * QK4_1,
+        "dequantize_row_q4_1: length mismatch"
+    );
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK4_1)) {
         let d = xb.d.to_f32();
         let m = xb.m.to_f32();

@@ -2,7 +2,11 @@ use crate::block::{BlockFormat, BlockQ8_0, QK8_0, f16};
 
 /// ggml `quantize_row_q8_0_ref`: `d = amax / 127`, values rounded half away from zero.
 pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
-    assert_eq!(x.len(), y.len() * QK8_0, "quantize_row_q8_0_ref: length mismatch");
+    assert_eq!(
+        x.len(),
+        y.len() * QK8_0,
+        "quantize_row_q8_0_ref: length mismatch"
+    );
     for (xb, yb) in x.chunks_exact(QK8_0).zip(y.iter_mut()) {
         let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
@@ -16,7 +20,11 @@ pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
 
 /// ggml `dequantize_row_q8_0`.
 pub fn dequantize_row_q8_0(x: &[BlockQ8_0], y: &mut [f32]) {
-    assert_eq!(y.len(), x.len() * QK8_0, "dequantize_row_q8_0: length mismatch");
+    assert_eq!(
+        y.len(),
+        x.len() * QK8_0,
+        "dequantize_row_q8_0: length mismatch"
+    );
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK8_0)) {
         let d = xb.d.to_f32();
         for (o, &q) in yb.iter_mut().zip(&xb.qs) {
@@ -30,7 +38,12 @@ pub fn vec_dot_q8_0_q8_0_ref(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_q8_0_q8_0_ref: length mismatch");
     let mut sumf = 0.0f32;
     for (xb, yb) in x.iter().zip(y) {
-        let sumi: i32 = xb.qs.iter().zip(&yb.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let sumi: i32 = xb
+            .qs
+            .iter()
+            .zip(&yb.qs)
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum();
         sumf += sumi as f32 * (xb.d.to_f32() * yb.d.to_f32());
     }
     sumf

@@ -2,7 +2,11 @@ use crate::block::{BlockFormat, BlockQ8_1, QK8_1, f16};
 
 /// ggml `quantize_row_q8_1_ref`: as Q8_0, plus `s = d * sum(q)` for the Q4_1 offset term.
 pub fn quantize_row_q8_1_ref(x: &[f32], y: &mut [BlockQ8_1]) {
-    assert_eq!(x.len(), y.len() * QK8_1, "quantize_row_q8_1_ref: length mismatch");
+    assert_eq!(
+        x.len(),
+        y.len() * QK8_1,
+        "quantize_row_q8_1_ref: length mismatch"
+    );
     for (xb, yb) in x.chunks_exact(QK8_1).zip(y.iter_mut()) {
         let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
@@ -19,7 +23,11 @@ pub fn quantize_row_q8_1_ref(x: &[f32], y: &mut [BlockQ8_1]) {
 
 /// Dequantizes Q8_1 (`x = q * d`); `s` is redundant.
 pub fn dequantize_row_q8_1(x: &[BlockQ8_1], y: &mut [f32]) {
-    assert_eq!(y.len(), x.len() * QK8_1, "dequantize_row_q8_1: length mismatch");
+    assert_eq!(
+        y.len(),
+        x.len() * QK8_1,
+        "dequantize_row_q8_1: length mismatch"
+    );
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK8_1)) {
         let d = xb.d.to_f32();
         for (o, &q) in yb.iter_mut().zip(&xb.qs) {
@@ -33,7 +41,12 @@ pub fn vec_dot_q8_1_q8_1_ref(x: &[BlockQ8_1], y: &[BlockQ8_1]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_q8_1_q8_1_ref: length mismatch");
     let mut sumf = 0.0f32;
     for (xb, yb) in x.iter().zip(y) {
-        let sumi: i32 = xb.qs.iter().zip(&yb.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let sumi: i32 = xb
+            .qs
+            .iter()
+            .zip(&yb.qs)
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum();
         sumf += sumi as f32 * (xb.d.to_f32() * yb.d.to_f32());
     }
     sumf
