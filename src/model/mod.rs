@@ -99,7 +99,8 @@ pub struct Model {
     output_norm: TensorRef,
     output: TensorRef,
     layers: Vec<LayerRefs>,
-    fingerprint: [u8; 32],
+    /// [`Model::fingerprint`], computed on first use (runs without snapshots never pay for it).
+    fingerprint: std::sync::OnceLock<[u8; 32]>,
 }
 
 /// How to open the model file.
@@ -228,7 +229,6 @@ impl Model {
             });
         }
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let fingerprint = fingerprint_of(&gguf);
         let model = Model {
             gguf,
             hp,
@@ -237,7 +237,7 @@ impl Model {
             output_norm,
             output,
             layers,
-            fingerprint,
+            fingerprint: std::sync::OnceLock::new(),
         };
         // View every tensor once now, so that later views cannot fail (alignment, length).
         for t in model.all_refs() {
@@ -296,10 +296,10 @@ impl Model {
 
     /// SHA-256 of the GGUF header, metadata and tensor table (every byte before the tensor
     /// data) and of the first 256 bytes of every tensor: another model, quantization or
-    /// tokenizer gives another fingerprint. KV snapshots
-    /// carry it so that one model's cache is never loaded into another.
+    /// tokenizer gives another fingerprint. KV snapshots carry it so that one model's cache is
+    /// never loaded into another. Computed once, on first use.
     pub fn fingerprint(&self) -> [u8; 32] {
-        self.fingerprint
+        *self.fingerprint.get_or_init(|| fingerprint_of(&self.gguf))
     }
 
     /// The underlying file (metadata for the tokenizer, tensor table for `inspect`).
