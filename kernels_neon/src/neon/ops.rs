@@ -7,6 +7,7 @@
 
 use super::fp16::{f2h, f2h_x8, h2f, h2f_hi, h2f_lo, load_h8, store_h8};
 use crate::block::f16;
+use crate::reference::check_rope;
 use core::arch::aarch64::*;
 
 #[inline(always)]
@@ -161,20 +162,6 @@ pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         st(&mut o, silu_x4(ld(&g), ld(&u)));
         ot.copy_from_slice(&o[..ot.len()]);
     }
-}
-
-fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
-    assert!(
-        head_dim > 0 && x.len() % head_dim == 0,
-        "rope: {} values are not whole heads of {}",
-        x.len(),
-        head_dim
-    );
-    assert!(
-        cs.len() % 2 == 0 && cs.len() <= head_dim,
-        "rope: bad cos/sin table length {}",
-        cs.len()
-    );
 }
 
 /// `(x0, x1) <- (x0 c - x1 s, x0 s + x1 c)` on four pairs, unfused as the reference.

@@ -1,3 +1,4 @@
+use super::q8_0::{dequantize_q8_block, dot_q8_blocks, quantize_q8_block};
 use crate::block::{BlockFormat, BlockQ8_1, QK8_1, f16};
 
 /// ggml `quantize_row_q8_1_ref`: as Q8_0, plus `s = d * sum(q)` for the Q4_1 offset term.
@@ -8,15 +9,9 @@ pub fn quantize_row_q8_1_ref(x: &[f32], y: &mut [BlockQ8_1]) {
         "quantize_row_q8_1_ref: length mismatch"
     );
     for (xb, yb) in x.chunks_exact(QK8_1).zip(y.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d = quantize_q8_block(xb, &mut yb.qs);
+        let sum: i32 = yb.qs.iter().map(|&q| q as i32).sum();
         yb.d = f16::from_f32(d);
-        let mut sum = 0i32;
-        for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
         yb.s = f16::from_f32(sum as f32 * d);
     }
 }
@@ -29,10 +24,7 @@ pub fn dequantize_row_q8_1(x: &[BlockQ8_1], y: &mut [f32]) {
         "dequantize_row_q8_1: length mismatch"
     );
     for (xb, yb) in x.iter().zip(y.chunks_exact_mut(QK8_1)) {
-        let d = xb.d.to_f32();
-        for (o, &q) in yb.iter_mut().zip(&xb.qs) {
-            *o = q as f32 * d;
-        }
+        dequantize_q8_block(xb.d, &xb.qs, yb);
     }
 }
 
@@ -41,12 +33,7 @@ pub fn vec_dot_q8_1_q8_1_ref(x: &[BlockQ8_1], y: &[BlockQ8_1]) -> f32 {
     assert_eq!(x.len(), y.len(), "vec_dot_q8_1_q8_1_ref: length mismatch");
     let mut sumf = 0.0f32;
     for (xb, yb) in x.iter().zip(y) {
-        let sumi: i32 = xb
-            .qs
-            .iter()
-            .zip(&yb.qs)
-            .map(|(&a, &b)| a as i32 * b as i32)
-            .sum();
+        let sumi = dot_q8_blocks(&xb.qs, &yb.qs);
         sumf += sumi as f32 * (xb.d.to_f32() * yb.d.to_f32());
     }
     sumf
