@@ -1,7 +1,7 @@
 //! `edgellm kv inspect|verify FILE`: look into a KV snapshot (`run --session-file`) and check it.
 
 use super::CliResult;
-use edgellm::kv::snapshot::{Geometry, Parsed, hex};
+use edgellm::kv::snapshot::{Geometry, KvError, Parsed, hex};
 use edgellm::kv::{KvType, file};
 use edgellm::model::{LoadOptions, Model};
 use std::path::{Path, PathBuf};
@@ -55,8 +55,7 @@ fn wanted(f: &FileArgs, file_g: &Geometry) -> Result<Option<Geometry>, String> {
     let Some(path) = &f.model else {
         return Ok(None);
     };
-    let model = Model::load(path, &LoadOptions::default())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let model = Model::load(path, &LoadOptions::default()).map_err(|e| e.to_string())?;
     let ctx = f.ctx.unwrap_or(file_g.n_ctx as usize);
     Ok(Some(Geometry::of(
         &model,
@@ -66,7 +65,11 @@ fn wanted(f: &FileArgs, file_g: &Geometry) -> Result<Option<Geometry>, String> {
 }
 
 fn read(path: &Path) -> Result<(u64, Parsed), String> {
-    let (bytes, parsed) = file::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // I/O errors already name the file; format errors say where in it.
+    let (bytes, parsed) = file::read(path).map_err(|e| match e {
+        KvError::Io { .. } => e.to_string(),
+        e => format!("{}: {e}", path.display()),
+    })?;
     Ok((bytes.len() as u64, parsed))
 }
 
