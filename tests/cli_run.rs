@@ -216,3 +216,40 @@ fn bad_input_is_a_one_line_error_with_a_non_zero_exit_not_a_panic() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+#[test]
+fn truncate_keeps_the_end_of_a_prompt_that_does_not_fit() {
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let prompt = "one two three four five six seven eight nine ten eleven twelve";
+    let full = json_of(&edgellm(
+        &["run", "-m", m, "--prompt", prompt, "-n", "1", "--json"],
+        None,
+    ));
+    let full_ids = ids(&full["prompt_ids"]);
+    assert!(full_ids.len() > 10, "{full_ids:?}");
+    // ctx 10, 2 tokens to generate: the last 8 prompt tokens are kept.
+    let args = [
+        "run",
+        "-m",
+        m,
+        "--prompt",
+        prompt,
+        "-n",
+        "2",
+        "--ctx",
+        "10",
+        "--truncate",
+        "--json",
+    ];
+    let out = edgellm(&args, None);
+    let v = json_of(&out);
+    assert_eq!(
+        ids(&v["prompt_ids"]),
+        full_ids[full_ids.len() - 8..],
+        "kept tokens"
+    );
+    assert_eq!(ids(&v["generated_ids"]).len(), 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncated"), "no warning on stderr: {err}");
+}
