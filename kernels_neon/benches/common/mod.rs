@@ -6,7 +6,7 @@
 #[cfg(feature = "tract-peer")]
 pub mod tract_peer;
 
-use kernels_neon::{BlockFormat, f16};
+use kernels_neon::BlockFormat;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -39,45 +39,11 @@ pub fn cold_bytes() -> usize {
 /// Size of the memory-bandwidth probe's buffer: far larger than any cache.
 pub const MEMBW_BYTES: usize = 256 << 20;
 
-/// xorshift64*: deterministic and dependency-free.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    /// Roughly normal (sum of 4 uniforms), scaled.
-    pub fn normal(&mut self, sigma: f32) -> f32 {
-        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866 * sigma
-    }
-}
-
-pub fn f32_vec(n: usize, seed: u64, sigma: f32) -> Vec<f32> {
-    let mut r = Rng::new(seed);
-    (0..n).map(|_| r.normal(sigma)).collect()
-}
-
-pub fn f16_vec(n: usize, seed: u64) -> Vec<f16> {
-    let mut r = Rng::new(seed);
-    (0..n).map(|_| f16::from_f32(r.normal(1.0))).collect()
-}
-
-/// Quantizes `x` with the scalar reference (the bytes llama.cpp would write).
-pub fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
-    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
-    B::quantize_row_ref(x, &mut y);
-    y
-}
+// Test data: the same generators as the tests', so benches and tests see the same inputs.
+#[path = "../../tests/common.rs"]
+mod data;
+#[allow(unused_imports)] // each bench binary uses its own subset
+pub use data::{Rng, f16_vec, f32_vec, quant};
 
 pub fn dequant<B: BlockFormat>(x: &[B]) -> Vec<f32> {
     let mut y = vec![0.0; x.len() * B::BLOCK_LEN];
