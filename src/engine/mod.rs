@@ -4,6 +4,7 @@
 mod generate;
 pub mod pool;
 pub mod sampler;
+pub mod store;
 
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
 pub use sampler::{Sampler, SamplingParams};

@@ -176,6 +176,34 @@ impl KvCache {
         true
     }
 
+    /// Copies positions `0..n` of every layer from `src`, a cache of the same layers, width and
+    /// type (its context may differ): how a cached prefix is handed to a session. Returns
+    /// `false` (and changes nothing) when the shapes differ or `n` exceeds either context.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> bool {
+        if (src.n_layer, src.kv_dim, src.ty()) != (self.n_layer, self.kv_dim, self.ty())
+            || n > src.n_ctx
+            || n > self.n_ctx
+        {
+            return false;
+        }
+        for l in 0..self.n_layer {
+            let (d, s) = (self.row(l, 0).start, src.row(l, 0).start);
+            let len = n * self.kv_dim;
+            match (&mut self.store, &src.store) {
+                (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
+                    k[d..d + len].copy_from_slice(&sk[s..s + len]);
+                    v[d..d + len].copy_from_slice(&sv[s..s + len]);
+                }
+                (Store::F32 { k, v }, Store::F32 { k: sk, v: sv }) => {
+                    k[d..d + len].copy_from_slice(&sk[s..s + len]);
+                    v[d..d + len].copy_from_slice(&sv[s..s + len]);
+                }
+                _ => unreachable!("types compared above"),
+            }
+        }
+        true
+    }
+
     /// Writes the key and value rows of layer `l` at `pos`.
     pub fn store(&mut self, k: &Kernels, l: usize, pos: usize, key: &[f32], value: &[f32]) {
         let r = self.row(l, pos);

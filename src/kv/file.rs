@@ -69,7 +69,8 @@ pub fn salvage_tokens(path: &Path, want: &Geometry) -> Vec<u32> {
 }
 
 /// What [`SnapshotFile::save`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "write")]
 pub enum SaveKind {
     /// The file already held these tokens.
     Unchanged,

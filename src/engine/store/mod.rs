@@ -1,0 +1,552 @@
+//! Named sessions kept on flash under a state directory, with a RAM budget (resident sessions,
+//! the least recently used evicted) and a disk budget (the oldest snapshot files deleted), and
+//! system prompts computed once, persisted, and restored at start-up.
+//!
+//! The state directory:
+//!
+//! ```text
+//! LOCK                  advisory lock (flock): one process owns the directory
+//! sessions/<id>.kv      one snapshot per named session (docs/kv-format.md)
+//! prefixes/<hash>.kv    one snapshot per system prompt (hash of its token ids)
+//! ```
+//!
+//! A request names a session and brings its whole prompt. The store takes the session's K/V
+//! rows from RAM, or else from its file, or else from the longest cached prefix (a system
+//! prompt, or another resident session) that the prompt begins with, and the engine computes
+//! only the rest. After generating, the new positions are appended to the session's file. No
+//! failure to read or write flash fails a request: it is logged, counted in [`StoreStatus`],
+//! and the answer is computed from what is left.
+
+mod id;
+mod prefix;
+
+pub use id::{IdError, MAX_ID_LEN, SessionId};
+pub use prefix::PrefixReport;
+
+use super::{Engine, EngineError, GenOutput, GenParams, Sampler, Session};
+use crate::kv::file::{self, SnapshotFile};
+use crate::kv::{Geometry, KvError, SaveKind};
+use prefix::Prefix;
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// Errors of the session store. Only opening can fail for reasons of the flash; requests fail
+/// only on bad input.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    BadId(#[from] IdError),
+    #[error(
+        "state directory {dir} is in use by another edgellm process (its LOCK is held); stop it or pick another --state-dir"
+    )]
+    Locked { dir: PathBuf },
+    #[error("state directory {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("system prompt: {0}")]
+    Prefix(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// Where the store lives and how much it may hold.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub dir: PathBuf,
+    /// RAM for resident sessions' KV caches; at least one session is always resident.
+    pub ram_bytes: u64,
+    /// Flash for snapshot files (sessions and system prompts); when a save goes over it, the
+    /// least recently saved sessions' files are deleted (never a system prompt's, never the
+    /// session just saved).
+    pub disk_bytes: u64,
+}
+
+/// Counters and the last error, for a status request or a log line.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StoreStatus {
+    pub resident: usize,
+    pub max_resident: usize,
+    /// Bytes of the resident sessions' and system prompts' KV caches.
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
+    pub disk_budget: u64,
+    pub prefixes: usize,
+    /// Sessions restored from their files.
+    pub restored: u64,
+    /// Snapshot files refused (moved aside); their tokens were recomputed when intact.
+    pub refused: u64,
+    pub saves: u64,
+    pub save_failures: u64,
+    /// Sessions dropped from RAM (their files keep them).
+    pub evicted_ram: u64,
+    /// Session files deleted to stay within the disk budget.
+    pub evicted_disk: u64,
+    /// Sessions dropped from RAM that were not on flash (a save had failed): lost.
+    pub lost: u64,
+    /// The directory could not be locked (read-only): another process could write it too.
+    pub unlocked: bool,
+    pub last_error: Option<String>,
+}
+
+/// How a request's session was found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "from")]
+pub enum Source {
+    /// Resident in RAM.
+    Ram,
+    /// Restored from its file: `tokens` positions. When the last record was torn (a save cut
+    /// by a power loss, or damaged rows) its tokens, if intact, were `recomputed`.
+    File {
+        tokens: usize,
+        torn_tail: bool,
+        recomputed: usize,
+    },
+    /// No file: a new session.
+    New,
+    /// The file was refused (moved aside); `recomputed` tokens salvaged from it were computed
+    /// again.
+    Refused { why: String, recomputed: usize },
+    /// The file could not be read; the session starts empty and is not saved over it.
+    Unreadable { why: String },
+}
+
+/// What one request did besides generating.
+#[derive(Clone, Debug, Serialize)]
+pub struct TurnReport {
+    pub source: Source,
+    /// Positions taken from a cached prefix (a system prompt, or another session) instead of
+    /// the session itself.
+    pub prefix_tokens: usize,
+    /// `Ok` with what was written, or why the save failed (the answer is unaffected).
+    pub save: Result<SaveKind, String>,
+}
+
+/// One resident session.
+struct Slot {
+    id: Option<SessionId>,
+    session: Session,
+    /// `None` when the file exists but could not be read: never overwrite what we cannot read.
+    file: Option<SnapshotFile>,
+    /// The file holds every token of the session.
+    saved: bool,
+    last_used: u64,
+}
+
+/// Sessions on flash and in RAM, and the system prompts.
+pub struct SessionStore {
+    dir: PathBuf,
+    geometry: Geometry,
+    slots: Vec<Slot>,
+    max_resident: usize,
+    prefixes: Vec<Prefix>,
+    disk_budget: u64,
+    clock: u64,
+    status: StoreStatus,
+    /// Held for the store's lifetime; `None` when the directory is read-only.
+    _lock: Option<nix::fcntl::Flock<File>>,
+}
+
+const SESSIONS: &str = "sessions";
+const PREFIXES: &str = "prefixes";
+/// Most system prompts a store holds.
+pub const MAX_PREFIXES: usize = 16;
+
+impl SessionStore {
+    /// Opens (creating it if needed) the state directory for `engine`'s model and context.
+    /// Fails only when another process holds the directory or it cannot be created; a
+    /// read-only directory opens (nothing will be saved, and each failure is reported).
+    pub fn open(engine: &Engine, cfg: StoreConfig) -> Result<SessionStore, StoreError> {
+        let dir = cfg.dir.clone();
+        let dir_err = |source| StoreError::Dir {
+            dir: dir.clone(),
+            source,
+        };
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).map_err(dir_err)?;
+        }
+        let mut status = StoreStatus {
+            disk_budget: cfg.disk_bytes,
+            ..Default::default()
+        };
+        let lock = lock_dir(&dir)?;
+        if lock.is_none() {
+            status.unlocked = true;
+            tracing::warn!(dir = %dir.display(), "state directory is read-only: cannot lock it, nothing will be saved");
+        }
+        for sub in [SESSIONS, PREFIXES] {
+            let d = dir.join(sub);
+            if let Err(e) = std::fs::create_dir_all(&d) {
+                status.last_error = Some(format!("{}: {e}", d.display()));
+                tracing::warn!(dir = %d.display(), "cannot create: {e}");
+            }
+            remove_stale_temporaries(&d);
+        }
+        let ec = engine.config();
+        let geometry = Geometry::of(engine.model(), ec.n_ctx, ec.kv_type);
+        let per_session = geometry
+            .kv_bytes(ec.n_ctx as u64)
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let max_resident = (cfg.ram_bytes / per_session).max(1) as usize;
+        status.max_resident = max_resident;
+        tracing::info!(
+            dir = %dir.display(),
+            max_resident,
+            session_mib = per_session >> 20,
+            disk_budget_mib = cfg.disk_bytes >> 20,
+            "session store open"
+        );
+        let mut store = SessionStore {
+            dir,
+            geometry,
+            slots: Vec::new(),
+            max_resident,
+            prefixes: Vec::new(),
+            disk_budget: cfg.disk_bytes,
+            clock: 0,
+            status,
+            _lock: lock,
+        };
+        store.status.disk_bytes = store.disk_usage().total;
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The snapshot file of session `id`.
+    pub fn session_path(&self, id: &SessionId) -> PathBuf {
+        self.dir.join(SESSIONS).join(format!("{id}.kv"))
+    }
+
+    pub fn status(&self) -> StoreStatus {
+        let mut s = self.status.clone();
+        s.resident = self.slots.iter().filter(|s| s.id.is_some()).count();
+        s.prefixes = self.prefixes.len();
+        s.ram_bytes = self
+            .slots
+            .iter()
+            .map(|s| s.session.kv.bytes() as u64)
+            .chain(self.prefixes.iter().map(|p| p.bytes()))
+            .sum();
+        s
+    }
+
+    /// The tokens session `id` holds (loading it from flash if it is not resident): a front end
+    /// that receives only the next message appends it to these.
+    pub fn tokens(&mut self, engine: &mut Engine, id: &SessionId) -> Result<&[u32], StoreError> {
+        let (slot, _) = self.checkout(engine, id)?;
+        Ok(self.slots[slot].session.tokens())
+    }
+
+    /// Generates after `prompt` in session `id`: restores what it can (RAM, file, cached
+    /// prefix), computes the rest, generates, and appends the new positions to the session's
+    /// file. A failed save is reported in the [`TurnReport`], never as an error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        &mut self,
+        engine: &mut Engine,
+        id: &SessionId,
+        prompt: &[u32],
+        params: &GenParams,
+        sampler: &mut Sampler,
+        is_eog: &dyn Fn(u32) -> bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<(GenOutput, TurnReport), StoreError> {
+        let (slot, source) = self.checkout(engine, id)?;
+        let prefix_tokens = self.reuse_prefix(slot, prompt);
+        let s = &mut self.slots[slot];
+        let out = engine.generate(&mut s.session, prompt, params, sampler, is_eog, on_token)?;
+        let save = self.save_slot(slot);
+        Ok((
+            out,
+            TurnReport {
+                source,
+                prefix_tokens,
+                save,
+            },
+        ))
+    }
+
+    /// Forgets session `id`: drops it from RAM and deletes its file.
+    pub fn delete(&mut self, id: &SessionId) -> Result<(), StoreError> {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id.as_ref() == Some(id)) {
+            s.id = None;
+            s.session.truncate(0);
+        }
+        let path = self.session_path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StoreError::Dir { dir: path, source }),
+        }
+    }
+
+    /// Makes `id` resident and returns its slot and where it came from.
+    fn checkout(
+        &mut self,
+        engine: &mut Engine,
+        id: &SessionId,
+    ) -> Result<(usize, Source), StoreError> {
+        self.clock += 1;
+        if let Some(i) = self.slots.iter().position(|s| s.id.as_ref() == Some(id)) {
+            self.slots[i].last_used = self.clock;
+            return Ok((i, Source::Ram));
+        }
+        let i = self.free_slot(engine);
+        let path = self.session_path(id);
+        let mut f = SnapshotFile::new(&path, self.geometry.clone());
+        let slot = &mut self.slots[i];
+        slot.id = Some(id.clone());
+        slot.last_used = self.clock;
+        slot.saved = true;
+        slot.session.truncate(0);
+        let source = match f.load(&mut slot.session.kv) {
+            Ok(torn) if f.tokens().is_empty() && torn.is_none() && !path.exists() => Source::New,
+            Ok(torn) => {
+                slot.session.restore_tokens(f.tokens());
+                self.status.restored += 1;
+                let mut recomputed = 0;
+                if let Some(t) = &torn {
+                    tracing::warn!(session = %id, "{t}");
+                    // A torn last turn whose token ids are intact is computed again.
+                    let salvaged = file::salvage_tokens(&path, &self.geometry);
+                    if let Some(rest) = salvaged.strip_prefix(f.tokens()).filter(|r| !r.is_empty())
+                    {
+                        engine.feed(&mut slot.session, rest)?;
+                        recomputed = rest.len();
+                        slot.saved = false;
+                    }
+                }
+                tracing::info!(session = %id, tokens = f.tokens().len(), recomputed, "session restored from flash");
+                Source::File {
+                    tokens: f.tokens().len(),
+                    torn_tail: torn.is_some(),
+                    recomputed,
+                }
+            }
+            Err(e @ KvError::Io { .. }) => {
+                tracing::error!(session = %id, "session file unreadable, starting empty: {e}");
+                self.status.last_error = Some(e.to_string());
+                self.slots[i].file = None;
+                self.slots[i].saved = false;
+                return Ok((i, Source::Unreadable { why: e.to_string() }));
+            }
+            Err(e) => {
+                // Keep the tokens if they are intact: the conversation is recomputed, not lost.
+                let salvaged = file::salvage_tokens(&path, &self.geometry);
+                self.status.refused += 1;
+                self.status.last_error = Some(format!("session {id}: {e}"));
+                match file::move_aside(&path) {
+                    Ok(to) => {
+                        tracing::warn!(session = %id, to = %to.display(), "session file refused and moved aside: {e}")
+                    }
+                    Err(m) => {
+                        tracing::error!(session = %id, "session file refused ({e}); cannot move it aside: {m}")
+                    }
+                }
+                f = SnapshotFile::new(&path, self.geometry.clone());
+                slot.saved = false;
+                if !salvaged.is_empty() {
+                    engine.feed(&mut slot.session, &salvaged)?;
+                }
+                Source::Refused {
+                    why: e.to_string(),
+                    recomputed: salvaged.len(),
+                }
+            }
+        };
+        self.slots[i].file = Some(f);
+        Ok((i, source))
+    }
+
+    /// A slot to load a session into: a free one, a new one within the RAM budget, or the least
+    /// recently used one (evicted; its file keeps it).
+    fn free_slot(&mut self, engine: &Engine) -> usize {
+        if let Some(i) = self.slots.iter().position(|s| s.id.is_none()) {
+            return i;
+        }
+        if self.slots.len() < self.max_resident {
+            self.slots.push(Slot {
+                id: None,
+                session: engine.new_session(),
+                file: None,
+                saved: true,
+                last_used: 0,
+            });
+            return self.slots.len() - 1;
+        }
+        // Least recently used, preferring sessions whose file holds them.
+        let i = (0..self.slots.len())
+            .min_by_key(|&i| (!self.slots[i].saved, self.slots[i].last_used))
+            .expect("at least one slot");
+        if !self.slots[i].saved && self.save_slot(i).is_err() {
+            self.status.lost += 1;
+            tracing::error!(
+                session = %self.slots[i].id.as_ref().map_or("", |s| s.as_str()),
+                "session evicted from RAM without a snapshot on flash: its context is lost"
+            );
+        }
+        let s = &mut self.slots[i];
+        tracing::debug!(session = %s.id.as_ref().map_or("", |s| s.as_str()), "session evicted from RAM");
+        s.id = None;
+        s.session.truncate(0);
+        self.status.evicted_ram += 1;
+        i
+    }
+
+    /// Saves slot `i`'s new positions, then keeps the directory within the disk budget.
+    fn save_slot(&mut self, i: usize) -> Result<SaveKind, String> {
+        let s = &mut self.slots[i];
+        let Some(f) = s.file.as_mut() else {
+            return Err("not saved: the session's file could not be read".into());
+        };
+        match f.save(&s.session.kv, s.session.tokens()) {
+            Ok(kind) => {
+                s.saved = true;
+                self.status.saves += 1;
+                let keep = s.id.clone();
+                self.enforce_disk_budget(keep.as_ref());
+                Ok(kind)
+            }
+            Err(e) => {
+                s.saved = false;
+                self.status.save_failures += 1;
+                let msg = e.to_string();
+                tracing::error!(session = %s.id.as_ref().map_or("", |s| s.as_str()), "session not saved (the answer is unaffected): {msg}");
+                self.status.last_error = Some(msg.clone());
+                Err(msg)
+            }
+        }
+    }
+
+    /// Deletes the least recently written session files until the directory fits the budget.
+    fn enforce_disk_budget(&mut self, keep: Option<&SessionId>) {
+        let usage = self.disk_usage();
+        let mut total = usage.total;
+        let keep = keep.map(|k| format!("{k}.kv"));
+        for (_, name, len) in usage.sessions {
+            if total <= self.disk_budget {
+                break;
+            }
+            if Some(&name) == keep.as_ref() {
+                continue;
+            }
+            let path = self.dir.join(SESSIONS).join(&name);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), "cannot delete for the disk budget: {e}");
+                continue;
+            }
+            total -= len;
+            self.status.evicted_disk += 1;
+            tracing::info!(file = %path.display(), bytes = len, "session file deleted (disk budget)");
+            // A resident session whose file was deleted starts a new one on its next save.
+            if let Some(s) = self
+                .slots
+                .iter_mut()
+                .find(|s| s.id.as_ref().is_some_and(|id| format!("{id}.kv") == name))
+            {
+                s.file = Some(SnapshotFile::new(path, self.geometry.clone()));
+                s.saved = false;
+            }
+        }
+        if total > self.disk_budget {
+            tracing::warn!(
+                bytes = total,
+                budget = self.disk_budget,
+                "state directory is over its disk budget with nothing left to delete"
+            );
+        }
+        self.status.disk_bytes = total;
+    }
+
+    /// Bytes of every snapshot, and the session files oldest first.
+    fn disk_usage(&self) -> DiskUsage {
+        let mut usage = DiskUsage::default();
+        for sub in [SESSIONS, PREFIXES] {
+            let Ok(rd) = std::fs::read_dir(self.dir.join(sub)) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(m) = e.metadata() else { continue };
+                if !m.is_file() {
+                    continue;
+                }
+                usage.total += m.len();
+                if sub == SESSIONS && name.ends_with(".kv") {
+                    let t = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+                    usage.sessions.push((t, name, m.len()));
+                }
+            }
+        }
+        usage.sessions.sort();
+        usage
+    }
+}
+
+#[derive(Default)]
+struct DiskUsage {
+    total: u64,
+    /// `(modified, file name, bytes)`, oldest first.
+    sessions: Vec<(std::time::SystemTime, String, u64)>,
+}
+
+/// Takes the directory's advisory lock. `Ok(None)` when the directory is read-only and has no
+/// lock file to lock.
+fn lock_dir(dir: &Path) -> Result<Option<nix::fcntl::Flock<File>>, StoreError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = dir.join("LOCK");
+    let f = match OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(_) => match File::open(&path) {
+            Ok(f) => f,
+            Err(_) => return Ok(None),
+        },
+    };
+    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(Some(l)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(StoreError::Locked {
+            dir: dir.to_path_buf(),
+        }),
+        Err((_, e)) => Err(StoreError::Dir {
+            dir: dir.to_path_buf(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// Removes `*.tmp-<pid>` files a crash left mid-rewrite (we hold the lock: nobody else writes).
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().contains(".kv.tmp-") {
+            let p = e.path();
+            match std::fs::remove_file(&p) {
+                Ok(()) => {
+                    tracing::info!(file = %p.display(), "removed a temporary file left by a crash")
+                }
+                Err(err) => {
+                    tracing::warn!(file = %p.display(), "cannot remove stale temporary: {err}")
+                }
+            }
+        }
+    }
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
