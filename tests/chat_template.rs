@@ -119,3 +119,28 @@ fn message_content_is_data_not_template_code() {
             >= 2
     );
 }
+
+#[test]
+fn the_system_prefix_is_what_every_conversation_with_that_system_prompt_begins_with() {
+    let (tok, chat) = smollm2();
+    let prefix = chat.system_prefix(None).unwrap().unwrap();
+    assert_eq!(prefix, format!("{DEFAULT_SYSTEM}<|im_start|>user\n"));
+    let brief = chat.system_prefix(Some("Be brief.")).unwrap().unwrap();
+    assert_eq!(
+        brief,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    );
+    // Its tokens are a prefix of a whole prompt's tokens, so its K/V rows can be reused.
+    let full = chat
+        .render_with_system(
+            Some("Be brief."),
+            &[ChatMessage::new("user", "Hi there")],
+            true,
+        )
+        .unwrap();
+    let (p, f) = (
+        tok.encode(&brief, true, true),
+        tok.encode(&full, true, true),
+    );
+    assert!(f.starts_with(&p), "{p:?} / {f:?}");
+}

@@ -287,3 +287,46 @@ fn disk_full_or_read_only_state_still_answers_and_damages_nothing() {
     assert_eq!(v["session"]["saved"], false, "{v}");
     assert!(!target.exists());
 }
+
+/// `run --state-dir` on a full disk (RLIMIT_FSIZE, as above): the answer is given, the failed
+/// save is reported with the store's counters, and the session's saved file is intact.
+#[test]
+fn a_full_disk_under_a_state_directory_still_answers_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let state = dir.path().join("state");
+    let st = state.to_str().unwrap();
+    let fresh = run_json(&m, P2, 4, None);
+    let cmd = |prompt: &str, limit: &str| {
+        format!(
+            "trap '' XFSZ; {limit} exec '{}' run -m '{m}' --prompt {prompt} -n 4 --json -c 64 -t 1 --temp 0.9 --seed 3 --state-dir '{st}' --session plc",
+            env!("CARGO_BIN_EXE_edgellm")
+        )
+    };
+    let sh = |script: String| Command::new("sh").args(["-c", &script]).output().unwrap();
+    let v = json_of(&sh(cmd(P1, "")));
+    assert_eq!(v["session"]["saved"], true, "{v}");
+    let file = state.join("sessions/plc.kv");
+    let saved = std::fs::read(&file).unwrap();
+
+    let out = sh(cmd(P2, "ulimit -f 5;"));
+    let v = json_of(&out);
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    let s = &v["session"];
+    assert_eq!(s["saved"], false, "{s}");
+    assert_eq!(s["source"]["from"], "file", "{s}");
+    assert_eq!(s["status"]["save_failures"], 1, "{s}");
+    assert!(
+        s["status"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("too large"),
+        "{s}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("session not saved"));
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        saved,
+        "the saved file changed"
+    );
+}

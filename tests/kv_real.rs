@@ -52,3 +52,96 @@ fn a_restored_chat_session_answers_as_a_fresh_run() {
         fresh["timings"]["prompt_tokens"].as_u64().unwrap()
     );
 }
+
+fn run_state(m: &str, prompt: &str, dir: &str, session: &str) -> Value {
+    let args = [
+        "run",
+        "-m",
+        m,
+        "--chat",
+        "--prompt",
+        prompt,
+        "-n",
+        "8",
+        "--json",
+        "-c",
+        "256",
+        "--state-dir",
+        dir,
+        "--session",
+        session,
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `run --state-dir`: the template's system prompt is computed by the first run only and
+/// restored from flash by every later one, for any session; a session continues from its file;
+/// the answers are those of runs without any state.
+#[test]
+fn a_state_directory_caches_the_system_prompt_and_continues_named_sessions() {
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (q1, q2) = ("Name a primary color.", "Name a planet.");
+
+    let first = run_state(m, q1, d, "plc-1");
+    assert_eq!(
+        first["generated_ids"],
+        run(m, q1, "8", None)["generated_ids"]
+    );
+    let s = &first["session"];
+    assert_eq!(s["source"]["from"], "new", "{s}");
+    assert_eq!(s["system_prompt"]["source"]["from"], "new", "{s}");
+    let sys = s["system_prompt"]["tokens"].as_u64().unwrap();
+    assert!(sys > 10, "{s}");
+    assert_eq!(s["prefix_tokens"].as_u64(), Some(sys));
+    assert_eq!(s["saved"], true);
+
+    // Another session: the system prompt comes from its file.
+    let second = run_state(m, q2, d, "plc-2");
+    let s = &second["session"];
+    assert_eq!(s["system_prompt"]["source"]["from"], "file", "{s}");
+    assert_eq!(s["prefix_tokens"].as_u64(), Some(sys));
+    assert_eq!(second["timings"]["restored_tokens"].as_u64(), Some(sys));
+    assert_eq!(
+        second["generated_ids"],
+        run(m, q2, "8", None)["generated_ids"]
+    );
+    assert!(dir.path().join("sessions/plc-1.kv").is_file());
+    assert!(dir.path().join("sessions/plc-2.kv").is_file());
+
+    // plc-1 again: its own file holds more of the prompt than the system prompt does.
+    let again = run_state(m, q1, d, "plc-1");
+    assert_eq!(again["session"]["source"]["from"], "file", "{again}");
+    assert_eq!(again["session"]["prefix_tokens"], 0);
+    assert!(again["timings"]["restored_tokens"].as_u64().unwrap() > sys);
+    assert_eq!(again["generated_ids"], first["generated_ids"]);
+
+    // Names that are not plain file names are refused before anything is loaded.
+    let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args([
+            "run",
+            "-m",
+            m,
+            "--prompt",
+            "x",
+            "--state-dir",
+            d,
+            "--session",
+            "../x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("session name has '.' at position 0"));
+}

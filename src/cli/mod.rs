@@ -11,6 +11,7 @@ mod kernels;
 mod kv;
 mod quantize;
 mod run;
+mod state;
 mod tokenize;
 
 /// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).

@@ -2,12 +2,14 @@
 
 use super::CliResult;
 use super::common::ModelArgs;
-use edgellm::engine::{FinishReason, GenParams, Sampler, SamplingParams, Session};
-use edgellm::kv::{Geometry, SaveKind, SnapshotFile, file};
+use super::state::{self, StoreRun};
+use edgellm::engine::store::SessionId;
+use edgellm::engine::{FinishReason, GenParams, Sampler, SamplingParams};
+use edgellm::kv::Geometry;
 use edgellm::tokenizer::{ChatMessage, StreamDecoder};
 use serde_json::json;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Generate a completion for one prompt.
 ///
@@ -27,7 +29,9 @@ end-of-generation token when generation stopped on one), text, finish_reason, to
 decode_tps, restored_tokens, …). With --session-file, \"session\" reports the load (tokens
 restored, a dropped torn tail, or why the file was refused and where it was moved) and the save
 (saved, write: appended|rewritten|unchanged, or the error; the answer is printed and the exit
-status is 0 even when saving fails). Errors go to stderr with a non-zero exit status.")]
+status is 0 even when saving fails). With --state-dir, \"session\" reports where the session
+came from (source: ram|file|new|refused|unreadable), prefix_tokens taken from the cached system
+prompt, the save, the store's status and the system prompt's cache entry. Errors go to stderr with a non-zero exit status.")]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -80,8 +84,20 @@ pub struct Args {
     /// Keep the session's KV cache in this file: restore it when its tokens are a prefix of
     /// this prompt's (only the rest is computed), save the new positions after generating.
     /// A bad or foreign file is moved aside (F.corrupt-<time>) and the prompt is computed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "state_dir")]
     session_file: Option<PathBuf>,
+    /// Keep named sessions in this directory (sessions/<name>.kv, prefixes/ for system
+    /// prompts, a LOCK so two processes cannot share it). With --chat the system prompt is
+    /// computed once and restored by every later run.
+    #[arg(long, env = "EDGELLM_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// The session's name in --state-dir: 1-64 of A-Z a-z 0-9 _ - . (not starting with . or -).
+    #[arg(long, requires = "state_dir", default_value = "default")]
+    session: SessionId,
+    /// Flash the state directory may use; past it the least recently saved sessions are
+    /// deleted. Sizes: 4096, 64K, 256M, 2G.
+    #[arg(long, default_value = "256M", value_parser = state::parse_size)]
+    disk_budget: u64,
     /// Drop tokens from the front of a prompt that does not fit the context (with a warning)
     /// instead of failing.
     #[arg(long)]
@@ -163,11 +179,30 @@ pub fn run(a: Args) -> CliResult {
     }
 
     let mut sampler = Sampler::new(sampling, model.hp.n_vocab);
-    let mut session = engine.new_session();
-    let mut snapshot = a.session_file.as_ref().map(|path| {
-        let g = Geometry::of(&model, n_ctx, engine.config().kv_type);
-        restore(path, g, &mut session)
-    });
+    let mut store = match &a.state_dir {
+        Some(dir) => Some(StoreRun::open(
+            engine,
+            dir,
+            a.session.clone(),
+            a.disk_budget,
+        )?),
+        None => None,
+    };
+    if let (Some(st), true) = (&mut store, a.chat) {
+        let tmpl = model.chat_template()?;
+        if let Some(text) = tmpl.system_prefix(a.system.as_deref())? {
+            st.cache_system_prompt(engine, &tok.encode(&text, true, true), &prompt_ids);
+        }
+    }
+    // A session of our own, unless the store provides it.
+    let mut session = store.is_none().then(|| engine.new_session());
+    let mut snapshot = match (&a.session_file, &mut session) {
+        (Some(path), Some(session)) => {
+            let g = Geometry::of(&model, n_ctx, engine.config().kv_type);
+            Some(state::restore(path, g, session))
+        }
+        _ => None,
+    };
     let params = GenParams {
         max_tokens: a.max_tokens,
         top_logits: a.top_logits,
@@ -178,33 +213,52 @@ pub fn run(a: Args) -> CliResult {
     let mut out = stdout.lock();
     let mut write_failed = None;
     let is_eog = |t: u32| tok.is_eog(t);
-    let result = engine.generate(
-        &mut session,
-        &prompt_ids,
-        &params,
-        &mut sampler,
-        &is_eog,
-        &mut |t| {
-            if tok.is_eog(t) {
-                return true;
-            }
-            let start = text.len();
-            stream.push_into(tok.token_to_piece(t), &mut text);
-            if !a.json
-                && let Err(e) = out
-                    .write_all(text[start..].as_bytes())
-                    .and_then(|_| out.flush())
-            {
-                // A closed pipe (e.g. `| head`) stops generation instead of wasting the CPU.
-                write_failed = Some(e);
-                return false;
-            }
-            true
-        },
-    )?;
-    text.push_str(&stream.finish());
+    let mut on_token = |t: u32| {
+        if tok.is_eog(t) {
+            return true;
+        }
+        let start = text.len();
+        stream.push_into(tok.token_to_piece(t), &mut text);
+        if !a.json
+            && let Err(e) = out
+                .write_all(text[start..].as_bytes())
+                .and_then(|_| out.flush())
+        {
+            // A closed pipe (e.g. `| head`) stops generation instead of wasting the CPU.
+            write_failed = Some(e);
+            return false;
+        }
+        true
+    };
     // Saving never loses the answer: a failure is logged and reported, and exit is 0.
-    let session_report = snapshot.as_mut().map(|f| save(f, &session));
+    let (result, session_report) = match (&mut store, &mut session) {
+        (Some(st), _) => {
+            let (r, turn) = st.store.generate(
+                engine,
+                &st.id,
+                &prompt_ids,
+                &params,
+                &mut sampler,
+                &is_eog,
+                &mut on_token,
+            )?;
+            (r, Some(st.report(&turn)))
+        }
+        (None, Some(session)) => {
+            let r = engine.generate(
+                session,
+                &prompt_ids,
+                &params,
+                &mut sampler,
+                &is_eog,
+                &mut on_token,
+            )?;
+            let report = snapshot.as_mut().map(|f| state::save(f, session));
+            (r, report)
+        }
+        (None, None) => unreachable!("a run has a session or a store"),
+    };
+    text.push_str(&stream.finish());
     if let Some(e) = write_failed {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             return Ok(());
@@ -255,103 +309,4 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
-}
-
-/// The session file of a run: the snapshot to save to (none when the file could not be read),
-/// and what its load did, for the JSON report.
-struct SessionFile {
-    file: Option<SnapshotFile>,
-    path: PathBuf,
-    load: serde_json::Value,
-}
-
-/// Restores `path` into `session`. Any fault is logged with its reason; a file that exists but
-/// is not a valid snapshot of this model is moved aside, and the session starts empty. A file
-/// that cannot be read (an I/O error) is left alone and not saved to.
-fn restore(path: &Path, g: Geometry, session: &mut Session) -> SessionFile {
-    let mut f = SnapshotFile::new(path, g.clone());
-    let (file, load) = match f.load(&mut session.kv) {
-        Ok(torn) => {
-            if let Some(t) = &torn {
-                tracing::warn!(file = %path.display(), "session file: {t}");
-            }
-            session.restore_tokens(f.tokens());
-            tracing::info!(file = %path.display(), tokens = f.tokens().len(), "session restored");
-            let load = json!({
-                "tokens": f.tokens().len(),
-                "torn_tail": torn.map(|t| t.to_string()),
-            });
-            (Some(f), load)
-        }
-        Err(e) => {
-            tracing::warn!(file = %path.display(), "session file not restored: {e}");
-            session.truncate(0);
-            if matches!(e, edgellm::kv::KvError::Io { .. }) {
-                (None, json!({ "tokens": 0, "error": e.to_string() }))
-            } else {
-                let moved = match file::move_aside(path) {
-                    Ok(to) => {
-                        tracing::warn!(to = %to.display(), "bad session file moved aside");
-                        Some(to)
-                    }
-                    Err(e) => {
-                        tracing::error!("cannot move the bad session file aside: {e}");
-                        None
-                    }
-                };
-                let load = json!({ "tokens": 0, "error": e.to_string(), "moved_to": moved });
-                (Some(SnapshotFile::new(path, g)), load)
-            }
-        }
-    };
-    SessionFile {
-        file,
-        path: path.to_path_buf(),
-        load,
-    }
-}
-
-/// Saves the session's new positions; returns the JSON report.
-fn save(sf: &mut SessionFile, session: &Session) -> serde_json::Value {
-    let mut v = match &mut sf.file {
-        Some(f) => save_to(f, session),
-        None => {
-            tracing::error!("session not saved: its file could not be read");
-            json!({
-                "saved": false,
-                "error": "not saved: the session file could not be read",
-            })
-        }
-    };
-    v["file"] = json!(sf.path);
-    v["load"] = sf.load.clone();
-    v
-}
-
-fn save_to(f: &mut SnapshotFile, session: &Session) -> serde_json::Value {
-    match f.save(&session.kv, session.tokens()) {
-        Ok(kind) => {
-            let (write, positions, bytes) = match kind {
-                SaveKind::Unchanged => ("unchanged", 0, 0),
-                SaveKind::Appended { positions, bytes } => ("appended", positions, bytes),
-                SaveKind::Rewritten { positions, bytes } => ("rewritten", positions, bytes),
-            };
-            tracing::info!(file = %f.path().display(), write, positions, bytes, "session saved");
-            json!({
-                "saved": true,
-                "write": write,
-                "positions_written": positions,
-                "bytes_written": bytes,
-                "tokens": f.tokens().len(),
-            })
-        }
-        Err(e) => {
-            tracing::error!("session not saved (the answer is unaffected): {e}");
-            json!({
-                "saved": false,
-                "error": e.to_string(),
-                "tokens": f.tokens().len(),
-            })
-        }
-    }
 }

@@ -130,6 +130,17 @@ impl ChatTemplate {
         self.render(&all, add_generation_prompt)
     }
 
+    /// The text every conversation with this system prompt begins with: the rendering up to
+    /// where the first user message's content starts (the system turn and the user turn's
+    /// header). Its tokens are the prefix a session store computes once. `None` when the
+    /// template does not place the user's text verbatim.
+    pub fn system_prefix(&self, system: Option<&str>) -> Result<Option<String>, TokenizerError> {
+        // Private-use characters: no template or user text produces them.
+        const MARK: &str = "\u{E000}edgellm-user\u{E001}";
+        let text = self.render_with_system(system, &[ChatMessage::new("user", MARK)], true)?;
+        Ok(text.find(MARK).map(|at| text[..at].to_owned()))
+    }
+
     pub fn source(&self) -> &str {
         &self.source
     }
