@@ -49,6 +49,18 @@ pub struct Args {
     /// Print a JSON list of {threads, pp_tps, tg_tps, …} instead of a table.
     #[arg(long)]
     json: bool,
+    /// Instead of pp/tg: time to first token for a long prompt computed cold vs restored from
+    /// a KV snapshot by a fresh store (page cache dropped), and flash bytes written per turn.
+    /// Uses the first --threads value.
+    #[arg(long)]
+    restore: bool,
+    /// System prompt tokens for --restore (a 16-token question follows).
+    #[arg(long, default_value_t = 1000, requires = "restore")]
+    restore_prompt: usize,
+    /// Directory for --restore's snapshots: put it on the flash to measure (default: the
+    /// temporary directory, which is RAM on many devices).
+    #[arg(long, requires = "restore")]
+    restore_dir: Option<PathBuf>,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -76,6 +88,19 @@ fn measure(
 
 pub fn run(a: Args) -> CliResult {
     let model = Arc::new(Model::load(&a.model, &LoadOptions::default())?);
+    if a.restore {
+        return Ok(super::bench_restore::run(super::bench_restore::Opts {
+            model_path: &a.model,
+            model,
+            prompt_tokens: a.restore_prompt,
+            threads: a.threads_list.first().copied().unwrap_or(1),
+            chunk: a.chunk,
+            kv_type: a.kv_type,
+            reps: a.repetitions,
+            json: a.json,
+            dir: a.restore_dir.as_deref(),
+        })?);
+    }
     let n_vocab = model.hp.n_vocab as u32;
     let ctx = a.ctx.max(a.n_prompt.max(a.n_gen) + 1);
     // Deterministic, ordinary token ids (not special tokens).

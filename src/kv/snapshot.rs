@@ -4,7 +4,7 @@
 //! makes these functions panic or allocate more than the input's own size.
 
 use super::KvType;
-use crc::{CRC_32_ISCSI, Crc};
+use crc::{CRC_32_ISCSI, Crc, Table};
 use std::fmt;
 use std::ops::Range;
 
@@ -21,7 +21,9 @@ pub const RECORD_HEADER_LEN: usize = 20;
 /// Record kind: positions appended after the previous record.
 pub const KIND_APPEND: u32 = 1;
 
-const CRC32C: Crc<u32> = Crc::<u32>::new(&CRC_32_ISCSI);
+/// Slice-by-16 tables (16 KiB): several times the byte-at-a-time speed, which matters when a
+/// restart checks a 23 MB system prompt snapshot. Same checksum values.
+const CRC32C: Crc<u32, Table<16>> = Crc::<u32, Table<16>>::new(&CRC_32_ISCSI);
 
 /// CRC-32C (Castagnoli) of `bytes`.
 pub fn crc32c(bytes: &[u8]) -> u32 {
