@@ -22,7 +22,10 @@ export EDGELLM_MODEL_DIR
 step "native tests ($(uname -m))"
 # The real-model greedy ids of this run are kept for the aarch64 run to compare against.
 ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
-EDGELLM_IDS_OUT="$ids_x86" cargo test --workspace
+# So is a session snapshot, for the aarch64 run to restore and continue.
+kv_x86="$PWD/target/kv-snapshot-$(uname -m)"
+rm -rf "$kv_x86"
+EDGELLM_IDS_OUT="$ids_x86" EDGELLM_KV_OUT="$kv_x86" cargo test --workspace
 
 step "benches compile"
 cargo bench --workspace --no-run --quiet
@@ -30,6 +33,9 @@ cargo bench --workspace --no-run --quiet
 step "aarch64 tests under qemu (cortex-a53, cortex-a76, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
 scripts/test-aarch64.sh -p edgellm --test engine_synth --test no_alloc
+step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
+EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
+    scripts/test-aarch64.sh -p edgellm --test session_store another_architecture
 step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
     scripts/test-aarch64.sh -p edgellm --test engine_real greedy_ids_are_identical

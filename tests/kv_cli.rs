@@ -330,3 +330,22 @@ fn a_full_disk_under_a_state_directory_still_answers_and_reports_it() {
         "the saved file changed"
     );
 }
+
+/// Two processes must not write one session file: the second is refused while the first
+/// holds `F.lock`, and runs once it is released.
+#[test]
+fn a_session_file_in_use_by_another_process_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    let held = edgellm::kv::file::try_lock(&dir.path().join("s.kv.lock"))
+        .unwrap()
+        .unwrap();
+    let out = run(&m, P1, 2, Some(&f));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another edgellm process"), "{err}");
+    assert!(!f.exists());
+    drop(held);
+    assert_eq!(run_json(&m, P1, 2, Some(&f))["session"]["saved"], true);
+}

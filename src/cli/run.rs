@@ -199,7 +199,7 @@ pub fn run(a: Args) -> CliResult {
     let mut snapshot = match (&a.session_file, &mut session) {
         (Some(path), Some(session)) => {
             let g = Geometry::of(&model, n_ctx, engine.config().kv_type);
-            Some(state::restore(path, g, session))
+            Some(state::restore(path, g, session)?)
         }
         _ => None,
     };

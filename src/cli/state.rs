@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 /// The session file of a run: the snapshot to save to (none when the file could not be read),
 /// and what its load did, for the JSON report.
 pub(super) struct SessionFile {
+    /// `F.lock`, held while we may write `F`.
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
     file: Option<SnapshotFile>,
     path: PathBuf,
     load: serde_json::Value,
@@ -18,7 +20,25 @@ pub(super) struct SessionFile {
 /// Restores `path` into `session`. Any fault is logged with its reason; a file that exists but
 /// is not a valid snapshot of this model is moved aside, and the session starts empty. A file
 /// that cannot be read (an I/O error) is left alone and not saved to.
-pub(super) fn restore(path: &Path, g: Geometry, session: &mut Session) -> SessionFile {
+pub(super) fn restore(
+    path: &Path,
+    g: Geometry,
+    session: &mut Session,
+) -> Result<SessionFile, String> {
+    // A lock file beside F, not F itself: a rewrite renames a new file over F, and a lock on
+    // the old inode would not exclude a process that opens the new one.
+    let mut lock_path = path.as_os_str().to_os_string();
+    lock_path.push(".lock");
+    let lock = match file::try_lock(Path::new(&lock_path)) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Err(format!(
+                "{}: in use by another edgellm process (its .lock is held)",
+                path.display()
+            ));
+        }
+        Err(e) => return Err(format!("{}.lock: {e}", path.display())),
+    };
     let mut f = SnapshotFile::new(path, g.clone());
     let (file, load) = match f.load(&mut session.kv) {
         Ok(torn) => {
@@ -54,11 +74,12 @@ pub(super) fn restore(path: &Path, g: Geometry, session: &mut Session) -> Sessio
             }
         }
     };
-    SessionFile {
+    Ok(SessionFile {
+        _lock: lock,
         file,
         path: path.to_path_buf(),
         load,
-    }
+    })
 }
 
 /// Saves the session's new positions; returns the JSON report.

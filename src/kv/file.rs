@@ -358,3 +358,26 @@ pub fn move_aside(path: &Path) -> Result<PathBuf, KvError> {
     }
     Ok(to)
 }
+
+/// Takes an exclusive advisory lock (`flock`) on `path`, creating it if needed, without
+/// waiting: `Ok(Some)` holds it until dropped; `Ok(None)` when the file can be neither created
+/// nor opened (a read-only directory: nothing will be written there anyway); an error of kind
+/// `WouldBlock` when another process holds it.
+pub fn try_lock(path: &Path) -> std::io::Result<Option<nix::fcntl::Flock<File>>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let f = match OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(_) => match File::open(path) {
+            Ok(f) => f,
+            Err(_) => return Ok(None),
+        },
+    };
+    Flock::lock(f, FlockArg::LockExclusiveNonblock)
+        .map(Some)
+        .map_err(|(_, e)| std::io::Error::from(e))
+}

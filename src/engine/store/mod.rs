@@ -28,7 +28,7 @@ use crate::kv::file::{self, SnapshotFile};
 use crate::kv::{Geometry, KvError, SaveKind};
 use prefix::Prefix;
 use serde::Serialize;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Errors of the session store. Only opening can fail for reasons of the flash; requests fail
@@ -500,30 +500,18 @@ struct DiskUsage {
 /// Takes the directory's advisory lock. `Ok(None)` when the directory is read-only and has no
 /// lock file to lock.
 fn lock_dir(dir: &Path) -> Result<Option<nix::fcntl::Flock<File>>, StoreError> {
-    use nix::fcntl::{Flock, FlockArg};
-    let path = dir.join("LOCK");
-    let f = match OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-    {
-        Ok(f) => f,
-        Err(_) => match File::open(&path) {
-            Ok(f) => f,
-            Err(_) => return Ok(None),
-        },
-    };
-    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-        Ok(l) => Ok(Some(l)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(StoreError::Locked {
-            dir: dir.to_path_buf(),
-        }),
-        Err((_, e)) => Err(StoreError::Dir {
-            dir: dir.to_path_buf(),
-            source: e.into(),
-        }),
-    }
+    file::try_lock(&dir.join("LOCK")).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::WouldBlock {
+            StoreError::Locked {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            StoreError::Dir {
+                dir: dir.to_path_buf(),
+                source,
+            }
+        }
+    })
 }
 
 /// Removes `*.tmp-<pid>` files a crash left mid-rewrite (we hold the lock: nobody else writes).
