@@ -1,4 +1,5 @@
-//! Power loss during saves, approximated by SIGKILL: `edgellm run --session-file` is killed at
+//! Power loss during saves, approximated by SIGKILL: `edgellm run --session-file` (and
+//! `--state-dir`, whose named sessions use the same files) is killed at
 //! random points of many runs (appending turns, and rewriting when a new conversation starts),
 //! and, as a power cut also loses unsynced writes, part of a fresh append is cut off or zeroed;
 //! after every kill the snapshot is either valid and holds a prefix of the conversation, or is
@@ -46,7 +47,24 @@ fn model(dir: &Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
-fn cmd(m: &str, prompt: &str, session: Option<&Path>) -> Command {
+/// Where a run keeps its session.
+#[derive(Clone, Copy)]
+enum Keep<'a> {
+    File(&'a Path),
+    StateDir(&'a Path),
+}
+
+impl Keep<'_> {
+    /// The snapshot file the run writes.
+    fn file(self) -> std::path::PathBuf {
+        match self {
+            Keep::File(f) => f.to_path_buf(),
+            Keep::StateDir(d) => d.join("sessions/default.kv"),
+        }
+    }
+}
+
+fn cmd(m: &str, prompt: &str, session: Option<Keep<'_>>) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_edgellm"));
     c.args([
         "run",
@@ -64,9 +82,11 @@ fn cmd(m: &str, prompt: &str, session: Option<&Path>) -> Command {
         "--kv-type",
         "f32",
     ]);
-    if let Some(s) = session {
-        c.arg("--session-file").arg(s);
-    }
+    match session {
+        Some(Keep::File(f)) => c.arg("--session-file").arg(f),
+        Some(Keep::StateDir(d)) => c.arg("--state-dir").arg(d),
+        None => &mut c,
+    };
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
 }
@@ -93,8 +113,18 @@ fn prompt(k: usize) -> String {
 #[test]
 fn sigkill_during_saves_never_corrupts_or_changes_answers() {
     let dir = tempfile::tempdir().unwrap();
-    let m = model(dir.path());
-    let f = dir.path().join("s.kv");
+    power_loss(dir.path(), Keep::File(&dir.path().join("s.kv")), TRIALS);
+}
+
+#[test]
+fn sigkill_during_saves_of_a_named_session_never_corrupts_or_changes_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    power_loss(dir.path(), Keep::StateDir(&dir.path().join("state")), 100);
+}
+
+fn power_loss(dir: &Path, keep: Keep<'_>, trials: usize) {
+    let m = model(dir);
+    let f = keep.file();
     let mut fresh: HashMap<String, serde_json::Value> = HashMap::new();
     let mut expect = |p: &str| {
         fresh
@@ -104,19 +134,19 @@ fn sigkill_during_saves_never_corrupts_or_changes_answers() {
     };
     // The time of a whole run, so that kills land anywhere in it, the save included.
     let t0 = Instant::now();
-    generated(&cmd(&m, &prompt(0), Some(&f)).output().unwrap());
+    generated(&cmd(&m, &prompt(0), Some(keep)).output().unwrap());
     let span = t0.elapsed().as_micros() as u64 * 3 / 2;
 
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let (mut killed, mut refused, mut torn, mut damaged) = (0, 0, 0, 0);
     let start = Instant::now();
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let k = 2 * trial + 1;
         let before = std::fs::read(&f).unwrap_or_default();
-        let mut child = cmd(&m, &prompt(k), Some(&f)).spawn().unwrap();
+        let mut child = cmd(&m, &prompt(k), Some(keep)).spawn().unwrap();
         std::thread::sleep(Duration::from_micros(x % span));
         if child.try_wait().unwrap().is_none() {
             killed += 1;
@@ -163,7 +193,7 @@ fn sigkill_during_saves_never_corrupts_or_changes_answers() {
         }
         // The next start restores or recomputes, and answers as without a session.
         let next = prompt(k + 1);
-        let out = cmd(&m, &next, Some(&f)).output().unwrap();
+        let out = cmd(&m, &next, Some(keep)).output().unwrap();
         assert_eq!(
             generated(&out),
             expect(&next),
@@ -171,12 +201,12 @@ fn sigkill_during_saves_never_corrupts_or_changes_answers() {
         );
     }
     eprintln!(
-        "{TRIALS} trials in {:.1} s: {killed} killed mid-run, {damaged} appends cut or zeroed, \
+        "{trials} trials in {:.1} s: {killed} killed mid-run, {damaged} appends cut or zeroed, \
          {torn} torn tails, {refused} refused",
         start.elapsed().as_secs_f64()
     );
     assert!(
-        killed >= TRIALS / 10,
+        killed >= trials / 10,
         "only {killed} runs were killed before the end"
     );
     assert!(torn >= 10, "only {torn} torn tails were exercised");
