@@ -1,63 +1,126 @@
 //! A persistent worker pool with cheap hand-offs, for the matrix products of one token.
 //!
-//! Decoding one token of a 30-layer model runs ~210 parallel sections, each a few
+//! Decoding one token of a 30-layer model runs ~240 parallel sections, each a few
 //! microseconds long, so a condvar wake-up per section (5–20 µs) would cost more than the work.
 //! Workers therefore spin on a generation counter for a short while after each section and only
-//! then park; the caller runs its own share (thread 0) and spins until the others are done.
+//! then park.
 //!
-//! Determinism is not the pool's business: callers split work by a fixed rule ([`split`]) and
-//! every row is computed whole by one thread with the same kernel, so the result does not depend
-//! on the thread count.
+//! A section is cut into a few chunks per thread, and threads *claim* chunks from a shared
+//! counter; the caller claims too, and returns when every chunk is done. So a worker the OS
+//! has descheduled (more runnable threads than cores: other services on the device, a build on
+//! a desk machine) costs at most the chunk it holds, instead of stalling every section until it
+//! runs again; and on a big.LITTLE SoC the fast cores take more chunks than the slow ones.
+//!
+//! Determinism is not the pool's business: callers split work into items that are each
+//! computed whole by one thread with the same kernel, so the result does not depend on which
+//! thread ran which chunk, or on the thread count.
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Most threads a pool runs (bounds the on-stack bookkeeping of [`Pool::run_split`]).
 pub const MAX_THREADS: usize = 64;
+/// Chunks per thread in a split section: enough that a stalled thread's share is small and
+/// can be taken over, few enough that claiming stays negligible.
+const CHUNKS_PER_THREAD: usize = 4;
+/// Most chunks of one section.
+pub const MAX_CHUNKS: usize = MAX_THREADS * CHUNKS_PER_THREAD;
+const _: () = assert!(
+    MAX_CHUNKS < 1 << 16,
+    "chunk counts are 16-bit fields of the claim word"
+);
 
 /// How long an idle worker spins before parking: long enough to bridge the gap between two
 /// matrix products (a norm, a quantization), short enough not to burn a core between requests.
 const SPIN: Duration = Duration::from_micros(200);
 
-type JobFn<'a> = dyn Fn(usize) + Sync + 'a;
+type ChunkFn<'a> = dyn Fn(usize, usize) + Sync + 'a;
 
-/// The job hand-off slot: a thin pointer to a fat `&dyn Fn` that lives on the caller's stack.
+/// The job hand-off slot: a thin pointer to a fat `&dyn Fn(tid, chunk)` on the caller's stack.
 struct Job<'a> {
-    f: &'a JobFn<'a>,
+    f: &'a ChunkFn<'a>,
 }
 
 struct Shared {
-    /// Bumped by the caller for every section (and at shutdown).
+    /// Bumped by the caller for every section (and at shutdown): wakes the workers.
     generation: AtomicUsize,
+    /// `section << 32 | n_chunks << 16 | next chunk`, all in one word: a thread owns a chunk
+    /// by moving `next` past it with a compare-and-swap of the whole word, so a late worker
+    /// can never claim (or touch the job of) a section that is over, nor mix two sections'
+    /// counts.
+    claim: AtomicU64,
+    /// Chunks of the current section finished (or panicked).
+    done: AtomicUsize,
     /// Points at a `Job` on the caller's stack while a section runs.
     job: AtomicPtr<Job<'static>>,
-    /// Workers that have not finished the current section.
-    pending: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     /// Workers parked (or about to park) on `wake`.
     sleeping: AtomicUsize,
+    /// Workers that have started running.
+    started: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+}
+
+impl Shared {
+    /// Claims the next chunk of section `section`, if it has one left.
+    fn claim(&self, section: u32) -> Option<usize> {
+        let mut cur = self.claim.load(Ordering::Acquire);
+        loop {
+            let next = (cur & 0xffff) as usize;
+            let n = ((cur >> 16) & 0xffff) as usize;
+            if (cur >> 32) as u32 != section || next >= n {
+                return None;
+            }
+            match self.claim.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(next),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Runs chunks of `section` until none is left. Only called with a claimed chunk in hand
+    /// does it touch the job, which is therefore still alive.
+    fn work(&self, section: u32, tid: usize) {
+        while let Some(c) = self.claim(section) {
+            let ptr = self.job.load(Ordering::Acquire);
+            // SAFETY: `ptr` was stored by `Pool::run_chunks` for this section before it
+            // published the section in `claim`, and the section cannot end (nor the `Job` on
+            // its caller's stack go away) before `done` counts the chunk we hold.
+            let job = unsafe { &*ptr };
+            if catch_unwind(AssertUnwindSafe(|| (job.f)(tid, c))).is_err() {
+                self.panicked.store(true, Ordering::SeqCst);
+            }
+            self.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// A fixed set of worker threads, created once at load.
 pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Sections started (the high half of `claim`); only the caller thread changes it.
+    section: std::cell::Cell<u32>,
 }
 
-/// The contiguous part of `0..n` that thread `tid` of `nth` takes: the first `n % nth` threads
+/// The contiguous part of `0..n` that part `i` of `parts` takes: the first `n % parts` parts
 /// take one more item. A pure function, so every caller splits the same way.
-pub fn split(n: usize, nth: usize, tid: usize) -> Range<usize> {
-    let base = n / nth;
-    let extra = n % nth;
-    let start = tid * base + tid.min(extra);
-    let len = base + usize::from(tid < extra);
+pub fn split(n: usize, parts: usize, i: usize) -> Range<usize> {
+    let base = n / parts;
+    let extra = n % parts;
+    let start = i * base + i.min(extra);
+    let len = base + usize::from(i < extra);
     start..start + len
 }
 
@@ -68,11 +131,13 @@ impl Pool {
         let n = n_threads.clamp(1, MAX_THREADS);
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
+            claim: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleeping: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -84,7 +149,17 @@ impl Pool {
                 .spawn(move || worker(s, tid))?;
             workers.push(h);
         }
-        Ok(Pool { shared, workers })
+        // Wait until every worker runs: a thread's start-up allocates (its name, its signal
+        // stack), which must happen at load, not in the middle of the first answer (a section
+        // no longer waits for a worker that has not shown up).
+        while shared.started.load(Ordering::Acquire) < n - 1 {
+            std::thread::yield_now();
+        }
+        Ok(Pool {
+            shared,
+            workers,
+            section: std::cell::Cell::new(0),
+        })
     }
 
     /// Number of threads, the caller included.
@@ -92,31 +167,52 @@ impl Pool {
         self.workers.len() + 1
     }
 
-    /// Runs `f(tid)` on every thread (`tid` in `0..n_threads`) and returns when all are done.
-    /// A panic in any thread is re-raised here, after every thread has left `f`.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.workers.is_empty() {
-            f(0);
+    /// Runs `f(tid, chunk)` once for every `chunk` in `0..n_chunks`, each on whichever thread
+    /// claims it (`tid` in `0..n_threads`, the caller is 0; a thread runs its chunks one after
+    /// the other), and returns when all are done. A panic in any chunk is re-raised here,
+    /// after every chunk has finished.
+    pub fn run_chunks(&self, n_chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        assert!(n_chunks <= MAX_CHUNKS, "run_chunks: {n_chunks} chunks");
+        if self.workers.is_empty() || n_chunks <= 1 {
+            for c in 0..n_chunks {
+                f(0, c);
+            }
             return;
         }
         let s = &*self.shared;
         let job = Job { f };
-        s.pending.store(self.workers.len(), Ordering::SeqCst);
-        // Erasing the lifetime is sound because this function does not return (or unwind)
-        // before `pending` is back to zero, i.e. before every worker has stopped using `job`.
+        let section = self.section.get().wrapping_add(1);
+        self.section.set(section);
+        // Publish the job, then the section: a thread that claims a chunk of this section
+        // (acquire) sees this job.
         let ptr = (&job as *const Job<'_>).cast_mut().cast::<Job<'static>>();
         s.job.store(ptr, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
+        s.claim.store(
+            u64::from(section) << 32 | (n_chunks as u64) << 16,
+            Ordering::SeqCst,
+        );
         s.generation.fetch_add(1, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        // Our own share, claimed like the workers'; a panic is held until the others are done.
+        let mut mine = Ok(());
+        while let Some(c) = s.claim(section) {
+            let r = catch_unwind(AssertUnwindSafe(|| f(0, c)));
+            if r.is_err() && mine.is_ok() {
+                mine = r;
+            }
+            s.done.fetch_add(1, Ordering::AcqRel);
+        }
+        // Every chunk is claimed; wait for those other threads still hold. The job must
+        // outlive them (lifetime erased above).
         let mut spins = 0u32;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while s.done.load(Ordering::Acquire) != n_chunks {
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
-                // More threads than cores: let the workers we wait for run.
+            if spins.is_multiple_of(256) {
+                // The holder may be descheduled: give it our core.
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -131,9 +227,9 @@ impl Pool {
         }
     }
 
-    /// Splits `out` into one contiguous piece per thread along `unit`-sized items
-    /// (`out.len() == n_items * unit`, items split by [`split`]) and runs
-    /// `f(tid, items, piece)` on each thread with its piece. No allocation.
+    /// Splits `out` into contiguous pieces along `unit`-sized items (`out.len() == n_items *
+    /// unit`), a few per thread ([`split`] into chunks), and runs `f(tid, items, piece)` for
+    /// each piece on whichever thread claims it. No allocation.
     pub fn run_split<T: Send>(
         &self,
         out: &mut [T],
@@ -146,7 +242,7 @@ impl Pool {
     }
 
     /// As [`Pool::run_split`], and each thread also gets its own `per_thread`-long piece of
-    /// `scratch` (`scratch.len() >= n_threads * per_thread`).
+    /// `scratch` (`scratch.len() >= n_threads * per_thread`), the same for all its chunks.
     pub fn run_split_scratch<T: Send, S: Send>(
         &self,
         out: &mut [T],
@@ -156,7 +252,7 @@ impl Pool {
         f: &(dyn Fn(usize, Range<usize>, &mut [T], &mut [S]) + Sync),
     ) {
         assert!(
-            unit > 0 && out.len() % unit == 0,
+            unit > 0 && out.len().is_multiple_of(unit),
             "run_split: {} items of {unit}",
             out.len()
         );
@@ -166,29 +262,43 @@ impl Pool {
             scratch.len() >= nth * per_thread,
             "run_split: scratch too small for {nth} threads"
         );
-        // One uncontended mutex per thread hands each its `&mut` pieces without `unsafe`.
-        let mut pieces: heapless::Vec<Mutex<(&mut [T], &mut [S])>, MAX_THREADS> =
-            heapless::Vec::new();
-        let (mut rest, mut srest) = (out, scratch);
-        for tid in 0..nth {
-            let r = split(n_items, nth, tid);
+        let n_chunks = if nth == 1 {
+            1
+        } else {
+            n_items.min(nth * CHUNKS_PER_THREAD)
+        };
+        // Uncontended mutexes hand out the `&mut` pieces without `unsafe`: one per chunk (each
+        // claimed once) and one per thread's scratch (a thread runs its chunks in turn).
+        let mut pieces: heapless::Vec<Mutex<&mut [T]>, MAX_CHUNKS> = heapless::Vec::new();
+        let mut rest = out;
+        for c in 0..n_chunks {
+            let r = split(n_items, n_chunks, c);
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * unit);
-            let (shead, stail) = std::mem::take(&mut srest).split_at_mut(per_thread);
-            (rest, srest) = (tail, stail);
-            if pieces.push(Mutex::new((head, shead))).is_err() {
+            rest = tail;
+            if pieces.push(Mutex::new(head)).is_err() {
+                unreachable!("at most MAX_CHUNKS chunks");
+            }
+        }
+        let mut scratches: heapless::Vec<Mutex<&mut [S]>, MAX_THREADS> = heapless::Vec::new();
+        let mut srest = scratch;
+        for _ in 0..nth {
+            let (head, tail) = std::mem::take(&mut srest).split_at_mut(per_thread);
+            srest = tail;
+            if scratches.push(Mutex::new(head)).is_err() {
                 unreachable!("n_threads is clamped to MAX_THREADS");
             }
         }
-        self.run(&|tid| {
-            let r = split(n_items, nth, tid);
-            let mut guard = pieces[tid].lock().unwrap_or_else(|e| e.into_inner());
-            let (piece, sc) = &mut *guard;
-            f(tid, r, piece, sc);
+        self.run_chunks(n_chunks, &|tid, c| {
+            let r = split(n_items, n_chunks, c);
+            let mut piece = pieces[c].lock().unwrap_or_else(|e| e.into_inner());
+            let mut sc = scratches[tid].lock().unwrap_or_else(|e| e.into_inner());
+            f(tid, r, &mut piece, &mut sc);
         });
     }
 }
 
 fn worker(s: Arc<Shared>, tid: usize) {
+    s.started.fetch_add(1, Ordering::Release);
     let mut seen = 0usize;
     loop {
         // Wait for a new generation: spin first, then park.
@@ -199,7 +309,7 @@ fn worker(s: Arc<Shared>, tid: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && start.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && start.elapsed() > SPIN {
                 s.sleeping.fetch_add(1, Ordering::SeqCst);
                 let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 while s.generation.load(Ordering::SeqCst) == seen {
@@ -215,16 +325,9 @@ fn worker(s: Arc<Shared>, tid: usize) {
         if s.shutdown.load(Ordering::Acquire) {
             return;
         }
-        let ptr = s.job.load(Ordering::Acquire);
-        if !ptr.is_null() {
-            // SAFETY: `ptr` was stored by `Pool::run` from a live `&Job` and stays valid until
-            // `pending` reaches zero, which happens only after this worker's decrement below.
-            let job = unsafe { &*ptr };
-            if catch_unwind(AssertUnwindSafe(|| (job.f)(tid))).is_err() {
-                s.panicked.store(true, Ordering::SeqCst);
-            }
-        }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        // Join the current section (if it is already over, nothing is claimed).
+        let section = (s.claim.load(Ordering::Acquire) >> 32) as u32;
+        s.work(section, tid);
     }
 }
 
@@ -264,28 +367,52 @@ mod tests {
     }
 
     #[test]
-    fn every_thread_runs_each_section_exactly_once() {
+    fn every_chunk_of_every_section_runs_exactly_once() {
         let pool = Pool::new(3).unwrap();
-        let hits = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+        let hits: Vec<AtomicU64> = (0..12).map(|_| AtomicU64::new(0)).collect();
+        let by_thread = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         for _ in 0..2000 {
-            pool.run(&|tid| {
-                hits[tid].fetch_add(1, Ordering::Relaxed);
+            pool.run_chunks(12, &|tid, c| {
+                hits[c].fetch_add(1, Ordering::Relaxed);
+                by_thread[tid].fetch_add(1, Ordering::Relaxed);
             });
         }
         // After a pause long enough for the workers to park, they still wake up.
         std::thread::sleep(Duration::from_millis(5));
-        pool.run(&|tid| {
-            hits[tid].fetch_add(1, Ordering::Relaxed);
+        pool.run_chunks(12, &|_, c| {
+            hits[c].fetch_add(1, Ordering::Relaxed);
         });
         for h in &hits {
             assert_eq!(h.load(Ordering::Relaxed), 2001);
         }
+        let total: u64 = by_thread.iter().map(|t| t.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, 2000 * 12);
+    }
+
+    /// A worker that stalls (here: sleeps, as a descheduled thread would) holds up only the
+    /// chunk it claimed; the other threads take the rest of its share.
+    #[test]
+    fn a_stalled_worker_does_not_hold_up_the_other_chunks() {
+        let pool = Pool::new(2).unwrap();
+        let by_thread = [AtomicU64::new(0), AtomicU64::new(0)];
+        pool.run_chunks(40, &|tid, _| {
+            if tid == 1 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            by_thread[tid].fetch_add(1, Ordering::Relaxed);
+        });
+        let (a, b) = (
+            by_thread[0].load(Ordering::Relaxed),
+            by_thread[1].load(Ordering::Relaxed),
+        );
+        assert_eq!(a + b, 40);
+        assert!(b <= 2, "the stalled worker ran {b} chunks");
     }
 
     #[test]
     fn run_split_hands_each_thread_its_own_piece() {
         let pool = Pool::new(4).unwrap();
-        let mut out = vec![0usize; 3 * 10];
+        let mut out = vec![0usize; 3 * 37];
         pool.run_split(&mut out, 3, &|tid, items, piece| {
             assert_eq!(piece.len(), items.len() * 3);
             for (k, v) in piece.iter_mut().enumerate() {
@@ -305,17 +432,17 @@ mod tests {
     fn a_panicking_worker_is_reported_and_the_pool_stays_usable() {
         let pool = Pool::new(2).unwrap();
         let r = catch_unwind(AssertUnwindSafe(|| {
-            pool.run(&|tid| {
-                if tid == 1 {
+            pool.run_chunks(8, &|_, c| {
+                if c == 5 {
                     panic!("boom");
                 }
             })
         }));
         assert!(r.is_err());
         let n = AtomicU64::new(0);
-        pool.run(&|_| {
+        pool.run_chunks(8, &|_, _| {
             n.fetch_add(1, Ordering::Relaxed);
         });
-        assert_eq!(n.load(Ordering::Relaxed), 2);
+        assert_eq!(n.load(Ordering::Relaxed), 8);
     }
 }
