@@ -9,6 +9,7 @@ mod common;
 mod inspect;
 mod kernels;
 mod kv;
+mod profile;
 mod quantize;
 mod run;
 mod tokenize;
