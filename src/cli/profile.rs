@@ -239,7 +239,12 @@ pub fn svg(heading: &str, phases: &[&Phase]) -> String {
     y += 20;
     let _ = writeln!(
         body,
-        r##"<text x="10" y="{y}" fill="#555">blue: weight matrix products · orange: attention · teal: other kernels · green: sampling · grey: unaccounted · bars scaled to the largest op of each chart</text>"##
+        r##"<text x="10" y="{y}" fill="#555">blue: weight matrix products · orange: attention · teal: other kernels · green: sampling · grey: unaccounted</text>"##
+    );
+    y += 16;
+    let _ = writeln!(
+        body,
+        r##"<text x="10" y="{y}" fill="#555">bars are scaled to the largest op of each chart; ms/token is per token processed (pp) or generated (tg)</text>"##
     );
     y += 16;
     for p in phases {
