@@ -90,6 +90,21 @@ fn prompt_chunks_and_decoding_allocate_nothing() {
             "{threads} threads: decoding 30 tokens allocated {n} times"
         );
 
+        // Profiling on: its table is preallocated, so still nothing.
+        e.set_profiling(true);
+        let mut s = e.new_session();
+        let (_, n) = count(|| {
+            e.feed(&mut s, &prompt).unwrap();
+            for t in 0..30u32 {
+                e.feed(&mut s, &[t + 3]).unwrap();
+            }
+        });
+        assert_eq!(
+            n, 0,
+            "{threads} threads: profiled passes allocated {n} times"
+        );
+        e.set_profiling(false);
+
         // The generate loop allocates its output once, whatever the number of tokens.
         let mut sampler = Sampler::new(
             SamplingParams {

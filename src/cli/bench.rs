@@ -2,6 +2,7 @@
 //! measures them, so the two can be run side by side on the same files.
 
 use super::CliResult;
+use super::profile;
 use edgellm::engine::{Engine, EngineConfig, Session};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
@@ -52,7 +53,7 @@ pub struct Args {
     /// Instead of pp/tg: time to first token for a long prompt computed cold vs restored from
     /// a KV snapshot by a fresh store (page cache dropped), and flash bytes written per turn.
     /// Uses the first --threads value.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["profile", "svg"])]
     restore: bool,
     /// System prompt tokens for --restore (a 16-token question follows).
     #[arg(long, default_value_t = 1000, requires = "restore")]
@@ -61,6 +62,14 @@ pub struct Args {
     /// temporary directory, which is RAM on many devices).
     #[arg(long, requires = "restore")]
     restore_dir: Option<PathBuf>,
+    /// After the measurement, run one profiled pp and tg pass per thread count and print a
+    /// table per phase of each operation's time (matrix products by tensor, attention, norms,
+    /// RoPE, sampling, …); with --json, a "profile" field per row instead.
+    #[arg(long)]
+    profile: bool,
+    /// Also write the profile as an SVG bar chart to this file (implies --profile).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -132,17 +141,32 @@ pub fn run(a: Args) -> CliResult {
         } else {
             Vec::new()
         };
-        rows.push((threads, e.kernels().name(), pp, tg));
+        let prof = if a.profile || a.svg.is_some() {
+            profile::run(&mut e, &mut s, &prompt, a.n_gen)?
+        } else {
+            Vec::new()
+        };
+        rows.push((threads, e.kernels().name(), pp, tg, prof));
+    }
+    if let Some(path) = &a.svg {
+        let phases: Vec<_> = rows.iter().flat_map(|r| &r.4).collect();
+        let heading = format!("edgellm bench --profile: {}", a.model.display());
+        std::fs::write(path, profile::svg(&heading, &phases))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
 
     if a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(t, k, pp, tg)| {
+            .map(|(t, k, pp, tg, prof)| {
                 let (ppm, pps) = mean_sd(pp);
                 let (tgm, tgs) = mean_sd(tg);
-                json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
-                       "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs})
+                let mut row = json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt,
+                       "n_gen": a.n_gen, "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs});
+                if !prof.is_empty() {
+                    row["profile"] = profile::json(prof);
+                }
+                row
             })
             .collect();
         println!("{}", serde_json::Value::Array(v));
@@ -155,7 +179,7 @@ pub fn run(a: Args) -> CliResult {
     );
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
-    for (t, k, pp, tg) in &rows {
+    for (t, k, pp, tg, _) in &rows {
         for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
             if !v.is_empty() {
                 let (m, sd) = mean_sd(v);
@@ -165,6 +189,9 @@ pub fn run(a: Args) -> CliResult {
                 );
             }
         }
+    }
+    for p in rows.iter().flat_map(|r| &r.4) {
+        print!("\n{}", profile::table(p));
     }
     Ok(())
 }

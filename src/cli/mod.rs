@@ -10,6 +10,7 @@ mod common;
 mod inspect;
 mod kernels;
 mod kv;
+mod profile;
 mod quantize;
 mod run;
 mod state;

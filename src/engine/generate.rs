@@ -118,8 +118,13 @@ impl Engine {
         let mut finish = FinishReason::Length;
         let mut decode_start = None;
         while generated.len() < params.max_tokens {
+            let t0 = self.arena.prof.start();
             let logits = &mut self.arena.logits;
             let tok = sampler.sample(logits, s.tokens());
+            if let Some(t0) = t0 {
+                let ns = t0.elapsed().as_nanos() as u64;
+                self.arena.prof.record_outside(super::Op::Sample, ns);
+            }
             generated.push(tok);
             if generated.len() == 1 {
                 timings.ttft_ms = ms(start);

@@ -3,10 +3,12 @@
 
 mod generate;
 pub mod pool;
+pub mod profile;
 pub mod sampler;
 pub mod store;
 
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
+pub use profile::{Op, OpStat, Profile};
 pub use sampler::{Sampler, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
@@ -215,6 +217,22 @@ impl Engine {
         }
     }
 
+    /// Turns per-op timing on or off (off at load). The counters keep accumulating across
+    /// calls until [`Profile::reset`] through [`Engine::profile_mut`].
+    pub fn set_profiling(&mut self, on: bool) {
+        self.arena.prof.set_enabled(on);
+    }
+
+    /// Per-op times accumulated while profiling was on.
+    pub fn profile(&self) -> &Profile {
+        &self.arena.prof
+    }
+
+    /// To reset the counters, or record work done outside the engine (sampling).
+    pub fn profile_mut(&mut self) -> &mut Profile {
+        &mut self.arena.prof
+    }
+
     /// Bytes of the activation buffers.
     pub fn arena_bytes(&self) -> usize {
         self.arena.bytes()
@@ -237,6 +255,7 @@ impl Engine {
                 n_ctx: s.kv.n_ctx(),
             });
         }
+        let t0 = self.arena.prof.start();
         let n_chunks = tokens.len().div_ceil(self.cfg.chunk);
         for (i, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
             let pos0 = s.tokens.len();
@@ -251,6 +270,11 @@ impl Engine {
                 i + 1 == n_chunks,
             );
             s.tokens.extend_from_slice(chunk);
+        }
+        if let Some(t0) = t0 {
+            let p = &mut self.arena.prof;
+            p.wall_ns += t0.elapsed().as_nanos() as u64;
+            p.tokens += tokens.len() as u64;
         }
         Ok(&mut self.arena.logits)
     }

@@ -14,10 +14,13 @@
 //! Matrix products run on the pool, split by rows; attention is split by (token, head). Every
 //! row and every head is computed whole by one thread, so logits do not depend on the thread
 //! count. Nothing here allocates.
+//!
+//! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
 use super::matrix::{ActKind, ActScratch, Mat, matmul, transpose_into};
 use super::{HParams, Model, RopeType};
 use crate::engine::pool::Pool;
+use crate::engine::profile::{Op, Profile};
 use crate::kv::KvCache;
 use kernels_neon::Kernels;
 
@@ -41,6 +44,8 @@ pub struct Arena {
     rope: Vec<f32>,
     /// Logits of the last token of the last chunk.
     pub logits: Vec<f32>,
+    /// Per-op times (a fixed table: turning it on allocates nothing).
+    pub prof: Profile,
 }
 
 /// The rotation table, as ggml computes it: θ starts at the position and is multiplied by
@@ -80,6 +85,7 @@ impl Arena {
             acts: ActScratch::new(chunk, widest),
             rope: rope_table(hp, n_ctx),
             logits: vec![0.0; hp.n_vocab],
+            prof: Profile::default(),
         }
     }
 
@@ -127,14 +133,17 @@ pub fn forward(
     debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
     let (d, qd, kvd, hd) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim);
 
+    let t0 = ar.prof.start();
     for (t, &tok) in tokens.iter().enumerate() {
         model
             .tok_embd()
             .row_f32(tok as usize, &mut ar.x[t * d..(t + 1) * d]);
     }
+    ar.prof.stop(Op::Embed, t0);
 
     for l in 0..hp.n_layer {
         let lw = model.layer(l);
+        let t0 = ar.prof.start();
         for t in 0..n {
             (k.rms_norm)(
                 &ar.x[t * d..(t + 1) * d],
@@ -143,24 +152,31 @@ pub fn forward(
                 &mut ar.xn[t * d..(t + 1) * d],
             );
         }
+        ar.prof.stop(Op::RmsNorm, t0);
         {
+            let t0 = ar.prof.start();
             let a = ar
                 .acts
                 .quantize(k, &ar.xn[..n * d], n, need(&[&lw.wq, &lw.wk, &lw.wv]));
-            for (m, out, bias) in [
-                (&lw.wq, &mut ar.q, lw.bq),
-                (&lw.wk, &mut ar.k, lw.bk),
-                (&lw.wv, &mut ar.v, lw.bv),
+            ar.prof.stop(Op::Quantize, t0);
+            for (op, m, out, bias) in [
+                (Op::AttnQ, &lw.wq, &mut ar.q, lw.bq),
+                (Op::AttnK, &lw.wk, &mut ar.k, lw.bk),
+                (Op::AttnV, &lw.wv, &mut ar.v, lw.bv),
             ] {
+                // The bias add is counted with its product (it is the product's epilogue).
+                let t0 = ar.prof.start();
                 mat_into(k, pool, m, &a, &mut ar.tmp, out);
                 if let Some(b) = bias {
                     for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
                         (k.add)(row, b);
                     }
                 }
+                ar.prof.stop_bytes(op, t0, m.bytes());
             }
         }
         let n_rot = hp.n_rot;
+        let t0 = ar.prof.start();
         for t in 0..n {
             let cs = &ar.rope[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
             let rope = match hp.rope_type {
@@ -169,6 +185,11 @@ pub fn forward(
             };
             rope(&mut ar.q[t * qd..(t + 1) * qd], hd, cs);
             rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
+        }
+        ar.prof.stop(Op::Rope, t0);
+        // A loop of its own (rather than fused with rope) so that its time is measured apart.
+        let t0 = ar.prof.start();
+        for t in 0..n {
             kv.store(
                 k,
                 l,
@@ -177,7 +198,9 @@ pub fn forward(
                 &ar.v[t * kvd..(t + 1) * kvd],
             );
         }
+        ar.prof.stop(Op::KvStore, t0);
 
+        let t0 = ar.prof.start();
         attention(
             k,
             pool,
@@ -189,13 +212,21 @@ pub fn forward(
             &mut ar.att[..n * qd],
             &mut ar.scores,
         );
+        ar.prof.stop(Op::Attention, t0);
 
         {
+            let t0 = ar.prof.start();
             let a = ar.acts.quantize(k, &ar.att[..n * qd], n, need(&[&lw.wo]));
+            ar.prof.stop(Op::Quantize, t0);
+            let t0 = ar.prof.start();
             mat_into(k, pool, &lw.wo, &a, &mut ar.tmp, &mut ar.xn);
+            ar.prof.stop_bytes(Op::AttnOutput, t0, lw.wo.bytes());
         }
+        let t0 = ar.prof.start();
         (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
+        ar.prof.stop(Op::Residual, t0);
 
+        let t0 = ar.prof.start();
         for t in 0..n {
             (k.rms_norm)(
                 &ar.x[t * d..(t + 1) * d],
@@ -204,29 +235,50 @@ pub fn forward(
                 &mut ar.xn[t * d..(t + 1) * d],
             );
         }
+        ar.prof.stop(Op::RmsNorm, t0);
         {
+            let t0 = ar.prof.start();
             let a = ar
                 .acts
                 .quantize(k, &ar.xn[..n * d], n, need(&[&lw.w_gate, &lw.w_up]));
+            ar.prof.stop(Op::Quantize, t0);
+            let t0 = ar.prof.start();
             mat_into(k, pool, &lw.w_gate, &a, &mut ar.tmp, &mut ar.gate);
+            ar.prof.stop_bytes(Op::FfnGate, t0, lw.w_gate.bytes());
+            let t0 = ar.prof.start();
             mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
+            ar.prof.stop_bytes(Op::FfnUp, t0, lw.w_up.bytes());
         }
         {
             let nf = n * hp.n_ff;
             let (g, u) = (&ar.gate[..nf], &mut ar.up[..nf]);
+            let t0 = ar.prof.start();
             silu_mul_inplace(k, g, u);
+            ar.prof.stop(Op::SiluMul, t0);
+            let t0 = ar.prof.start();
             let a = ar.acts.quantize(k, &ar.up[..nf], n, need(&[&lw.w_down]));
+            ar.prof.stop(Op::Quantize, t0);
+            let t0 = ar.prof.start();
             mat_into(k, pool, &lw.w_down, &a, &mut ar.tmp, &mut ar.xn);
+            ar.prof.stop_bytes(Op::FfnDown, t0, lw.w_down.bytes());
         }
+        let t0 = ar.prof.start();
         (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
+        ar.prof.stop(Op::Residual, t0);
     }
 
     if want_logits {
+        let t0 = ar.prof.start();
         let last = &ar.x[(n - 1) * d..n * d];
         (k.rms_norm)(last, model.output_norm(), hp.rms_eps, &mut ar.xn[..d]);
+        ar.prof.stop(Op::RmsNorm, t0);
         let output = model.output();
+        let t0 = ar.prof.start();
         let a = ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]));
+        ar.prof.stop(Op::Quantize, t0);
+        let t0 = ar.prof.start();
         matmul(k, pool, &output, &a, &mut ar.logits);
+        ar.prof.stop_bytes(Op::Output, t0, output.bytes());
     }
 }
 
