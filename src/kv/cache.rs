@@ -62,10 +62,12 @@ impl KvCache {
     ) -> KvCache {
         let kv_dim = n_head_kv * head_dim;
         let n = n_layer * n_ctx * kv_dim;
+        // Zeroed allocations (calloc): the kernel backs pages on first write, so a cache sized
+        // for a long context costs RAM only for the positions a conversation reaches.
         let store = match ty {
             KvType::F16 => Store::F16 {
-                k: vec![f16::ZERO; n],
-                v: vec![f16::ZERO; n],
+                k: bytemuck::allocation::zeroed_vec(n),
+                v: bytemuck::allocation::zeroed_vec(n),
             },
             KvType::F32 => Store::F32 {
                 k: vec![0.0; n],
