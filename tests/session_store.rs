@@ -235,6 +235,41 @@ fn a_system_prompt_is_computed_once_and_restored_at_start_up() {
     assert!(st.add_system_prompt(&mut e, &[]).is_err());
 }
 
+/// Engines with other contexts sharing a state directory keep their own system prompt files
+/// rather than refusing and replacing each other's on every start.
+#[test]
+fn engines_of_other_contexts_keep_their_own_system_prompt_files() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let sys = prompt(20, 3);
+    let mut small = engine(&m);
+    let cfg = EngineConfig {
+        n_ctx: 2 * CTX,
+        chunk: 8,
+        threads: 1,
+        kv_type: KvType::F16,
+    };
+    let mut big =
+        Engine::with_kernels(Arc::clone(&m), cfg, &kernels_neon::dispatch::REFERENCE).unwrap();
+    for round in 0..2 {
+        for e in [&mut small, &mut big] {
+            let mut st = SessionStore::open(
+                e,
+                StoreConfig {
+                    dir: dir.path().to_path_buf(),
+                    ram_bytes: 0,
+                    disk_bytes: u64::MAX,
+                },
+            )
+            .unwrap();
+            let r = st.add_system_prompt(e, &sys).unwrap();
+            let restored = matches!(r.source, Source::File { .. });
+            assert_eq!(restored, round == 1, "round {round}: {r:?}");
+            assert_eq!(st.status().refused, 0);
+        }
+    }
+}
+
 #[test]
 fn another_resident_session_serves_as_a_prefix() {
     let m = model();

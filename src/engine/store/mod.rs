@@ -7,7 +7,7 @@
 //! ```text
 //! LOCK                  advisory lock (flock): one process owns the directory
 //! sessions/<id>.kv      one snapshot per named session (docs/kv-format.md)
-//! prefixes/<hash>.kv    one snapshot per system prompt (hash of its token ids)
+//! prefixes/<hash>.kv    one snapshot per system prompt (hash of model, context, type, tokens)
 //! ```
 //!
 //! A request names a session and brings its whole prompt. The store takes the session's K/V

@@ -4,7 +4,7 @@
 use super::{PREFIXES, SessionStore, Source, StoreError, common_prefix};
 use crate::engine::Engine;
 use crate::kv::file::{self, SnapshotFile};
-use crate::kv::{KvCache, SaveKind};
+use crate::kv::{Geometry, KvCache, SaveKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::time::Instant;
@@ -35,9 +35,15 @@ pub struct PrefixReport {
     pub save_error: Option<String>,
 }
 
-/// The file name stem of a prefix: the first 16 hex digits of SHA-256 of its token ids.
-fn prefix_name(tokens: &[u32]) -> String {
+/// The file name stem of a prefix: the first 16 hex digits of SHA-256 of the model's
+/// fingerprint, the cache's context and type, and the token ids. Engines of other models or
+/// settings sharing a state directory keep files of their own instead of replacing each
+/// other's.
+fn prefix_name(g: &Geometry, tokens: &[u32]) -> String {
     let mut h = Sha256::new();
+    h.update(g.fingerprint);
+    h.update(g.n_ctx.to_le_bytes());
+    h.update([g.dtype.bytes() as u8]);
     for t in tokens {
         h.update(t.to_le_bytes());
     }
@@ -54,7 +60,7 @@ impl SessionStore {
         tokens: &[u32],
     ) -> Result<PrefixReport, StoreError> {
         let t0 = Instant::now();
-        let name = prefix_name(tokens);
+        let name = prefix_name(&self.geometry, tokens);
         let n_ctx = self.geometry.n_ctx as usize;
         if tokens.is_empty() || tokens.len() >= n_ctx {
             return Err(StoreError::Prefix(format!(
