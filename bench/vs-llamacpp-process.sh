@@ -54,6 +54,7 @@ cpu_prompt = env("CPU_PROMPT", "Once upon a time")
 skip_ttft, skip_cpu = env("SKIP_TTFT") == "1", env("SKIP_CPU") == "1"
 tmp = tempfile.mkdtemp(prefix="vs-llamacpp-process.")
 MiB = 1024 * 1024
+load_start = open("/proc/loadavg").read().split()[:3]
 
 def run(argv):
     """Runs argv to completion; returns (wall s, user+sys s, max RSS bytes, stdout, stderr)."""
@@ -140,12 +141,18 @@ print(f"| quant | metric | threads | edgellm | llama.cpp | ratio | target | met?
 print(f"|---|---|---:|---:|---:|---:|---|---|")
 print("\n".join(rows))
 print()
-print(f"- ttft: wall time of a whole process (fork/exec to exit) that loads the model, processes the "
-      f"5-token prompt {prompt5!r} and generates 1 token, warm page cache, median of {ttft_runs}; "
-      f"edgellm `run -n 1` vs `{os.path.basename(llama)} -n 1` (its warm-up run included).")
-print(f"- cpu ms/token: (user+sys) of the whole process / generated tokens, {cpu_ng} tokens after "
-      f"{cpu_prompt!r} (llama.cpp: --ignore-eos), median of {cpu_runs}; load and prompt included.")
-print(f"- peak RSS: ru_maxrss of the cpu runs (median); bound = weights + f16 KV for ctx {ctx} + 16 MiB:")
+if not skip_ttft:
+    print(f"- ttft: wall time of a whole process (fork/exec to exit) that loads the model, processes the "
+          f"5-token prompt {prompt5!r} and generates 1 token, warm page cache, median of {ttft_runs}; "
+          f"edgellm `run -n 1` vs `{os.path.basename(llama)} -n 1` (its warm-up run included).")
+if not skip_cpu:
+    print(f"- cpu ms/token: (user+sys) of the whole process / generated tokens, {cpu_ng} tokens after "
+          f"{cpu_prompt!r} (llama.cpp: --ignore-eos), median of {cpu_runs}; load and prompt included.")
+    print(f"- peak RSS: ru_maxrss of the cpu runs (median); bound = weights + f16 KV for ctx {ctx} + 16 MiB:")
 for n in notes:
-    print(f"  - {n}")
+    if not skip_cpu or " ttft" in n:
+        print(f"  - {n}")
+load_end = open("/proc/loadavg").read().split()[:3]
+print(f"- load average (1/5/15 min) at start {' '.join(load_start)}, at end {' '.join(load_end)}, "
+      f"on {os.cpu_count()} CPUs: rows with more threads than idle cores measure contention.")
 PY
