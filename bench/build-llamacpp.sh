@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench (and llama-cli tools) OUTSIDE the repo, from the source that
-# PyPI's llama-cpp-python 0.3.36 vendors (llama.cpp 0c1e57098, the commit of tests/data's
-# reference vectors). Idempotent; prints the build directory.
+# Builds llama.cpp's llama-bench, llama-simple and llama-completion OUTSIDE the repo, from the
+# source that PyPI's llama-cpp-python 0.3.36 vendors (llama.cpp 0c1e57098, the commit of
+# tests/data's reference vectors). Idempotent; prints the build directory.
+# Usage: bench/build-llamacpp.sh
 #   Env: LLAMACPP_DIR (default ~/.cache/edgellm/llama.cpp), JOBS (default: nproc)
-#        LLAMACPP_TARGET=aarch64 cross-builds for aarch64 (runs under qemu-aarch64-static)
+#        LLAMACPP_TARGET=aarch64 cross-builds for aarch64 (static binaries, run under
+#        qemu-aarch64-static; needs g++-aarch64-linux-gnu, see scripts/setup.sh)
 set -euo pipefail
 root="${LLAMACPP_DIR:-$HOME/.cache/edgellm/llama.cpp}"
 target="${LLAMACPP_TARGET:-native}"
 build="$root/build-$target"
 log() { echo "build-llamacpp: $*" >&2; }
-if [ -x "$build/bin/llama-bench" ]; then echo "$build"; exit 0; fi
+targets=(llama-bench llama-simple llama-completion)
+missing=()
+for t in "${targets[@]}"; do [ -x "$build/bin/$t" ] || missing+=("$t"); done
+if [ ${#missing[@]} -eq 0 ]; then echo "$build"; exit 0; fi
 command -v cmake >/dev/null || { log "installing cmake"; apt-get install -y -qq cmake >/dev/null; }
 mkdir -p "$root"
 src="$root/llama-cpp-python-0.3.36/vendor/llama.cpp"
@@ -23,14 +28,24 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_B
        -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF)
 if [ "$target" = aarch64 ]; then
     # Same rule as ours: no build-host CPU flags; armv8.2-a+dotprod matches qemu's cortex-a76.
+    # Static: the cross libc (/usr/aarch64-linux-gnu) is not the arm64 one qemu finds in /lib
+    # without -L, so a static binary is the one that runs the same everywhere. No OpenMP
+    # (ggml's own thread pool instead; libgomp does not link statically everywhere).
+    command -v aarch64-linux-gnu-g++ >/dev/null || { log "aarch64-linux-gnu-g++ missing: run scripts/setup.sh"; exit 1; }
     flags+=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64
             -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
+            -DCMAKE_FIND_ROOT_PATH=/usr/aarch64-linux-gnu
+            -DCMAKE_FIND_ROOT_PATH_MODE_PROGRAM=NEVER -DCMAKE_FIND_ROOT_PATH_MODE_LIBRARY=ONLY
+            -DCMAKE_FIND_ROOT_PATH_MODE_INCLUDE=ONLY
+            -DCMAKE_EXE_LINKER_FLAGS=-static
             -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod -DGGML_OPENMP=OFF)
 else
     flags+=(-DGGML_NATIVE=ON)
 fi
-log "configuring ($target)"
-cmake -S "$src" -B "$build" "${flags[@]}" >&2
-log "building llama-bench, llama-cli, llama-simple (about 15 minutes on 2 cores)"
-cmake --build "$build" -j "${JOBS:-$(nproc)}" --target llama-bench llama-simple >&2
+if [ ! -f "$build/CMakeCache.txt" ]; then
+    log "configuring ($target)"
+    cmake -S "$src" -B "$build" "${flags[@]}" >&2
+fi
+log "building ${missing[*]} (about 15 minutes on 2 cores)"
+nice -n 10 cmake --build "$build" -j "${JOBS:-$(nproc)}" --target "${missing[@]}" >&2
 echo "$build"

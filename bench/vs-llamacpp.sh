@@ -1,19 +1,42 @@
 #!/usr/bin/env bash
 # Side-by-side speed of edgellm and llama.cpp on the same model files, in one run: the two
 # engines alternate (ROUNDS times) so that machine noise hits both alike, and the table
-# reports ratios, never lone absolute numbers.
+# reports ratios, never lone absolute numbers. Then bench/vs-llamacpp-process.sh adds the
+# whole-process rows (time to first token, peak RSS, CPU-seconds per token).
 #
 # Usage: bench/vs-llamacpp.sh [quant …]      (default: q4_0 q4_1 q8_0)
 # Env:   THREADS (default 1,2)  PP (128)  NG (64)  REPS (3)  ROUNDS (2)
 #        LLAMA_BENCH  path to llama-bench (default: built by bench/build-llamacpp.sh)
+#        SKIP_PROCESS=1  leave out the whole-process section (its own knobs: see that script)
+#        ARCH=aarch64  cross-build both engines for aarch64 and run both under
+#                      `qemu-aarch64-static -cpu $QEMU_CPU` (default cortex-a76): an EMULATED
+#                      ratio, labelled so; defaults then THREADS=1 PP=16 NG=16 REPS=2 ROUNDS=2,
+#                      and no process section (start-up and RSS under qemu mean nothing).
+#                      Needs scripts/setup.sh's cross toolchain; llama.cpp's build takes ~20 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quants=("$@"); [ ${#quants[@]} -gt 0 ] || quants=(q4_0 q4_1 q8_0)
-threads=${THREADS:-1,2}; pp=${PP:-128}; ng=${NG:-64}; reps=${REPS:-3}; rounds=${ROUNDS:-2}
-
-cargo build --release --quiet --bin edgellm
-export EDGELLM_BIN="$PWD/target/release/edgellm"
-llama_bench=${LLAMA_BENCH:-"$(bench/build-llamacpp.sh)/bin/llama-bench"}
+arch=${ARCH:-native}
+runner=()
+if [ "$arch" = aarch64 ]; then
+    threads=${THREADS:-1}; pp=${PP:-16}; ng=${NG:-16}; reps=${REPS:-2}; rounds=${ROUNDS:-2}
+    qemu_cpu=${QEMU_CPU:-cortex-a76}
+    # Debian's rustc with the arm64 std, as scripts/test-aarch64.sh; a target dir of its own.
+    a64_target="${CARGO_TARGET_DIR_AARCH64:-$PWD/target/aarch64-debian}"
+    RUSTC=/usr/bin/rustc CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc CARGO_TARGET_DIR="$a64_target" \
+        cargo build --release --quiet --target aarch64-unknown-linux-gnu --bin edgellm
+    export EDGELLM_BIN="$a64_target/aarch64-unknown-linux-gnu/release/edgellm"
+    llama_bench=${LLAMA_BENCH:-"$(LLAMACPP_TARGET=aarch64 bench/build-llamacpp.sh)/bin/llama-bench"}
+    # No -L: edgellm links the arm64 libc in /lib/aarch64-linux-gnu (see scripts/test-aarch64.sh);
+    # llama.cpp's aarch64 build is static.
+    runner=(qemu-aarch64-static -cpu "$qemu_cpu")
+else
+    threads=${THREADS:-1,2}; pp=${PP:-128}; ng=${NG:-64}; reps=${REPS:-3}; rounds=${ROUNDS:-2}
+    cargo build --release --quiet --bin edgellm
+    export EDGELLM_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/edgellm"
+    llama_bench=${LLAMA_BENCH:-"$(bench/build-llamacpp.sh)/bin/llama-bench"}
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -21,16 +44,22 @@ for q in "${quants[@]}"; do
     model=$(models/fetch.sh "$q" | tail -n 1)
     for r in $(seq "$rounds"); do
         echo "bench: $q round $r/$rounds" >&2
-        "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" --json > "$out/edgellm-$q-$r.json"
-        "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
+        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" --json > "$out/edgellm-$q-$r.json"
+        "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
     done
 done
 
-python3 - "$out" "$pp" "$ng" "${quants[@]}" <<'PY'
+emulated=""; [ "$arch" = native ] || emulated="${runner[*]}"
+python3 - "$out" "$pp" "$ng" "$emulated" "${quants[@]}" <<'PY'
 import json, sys, glob, statistics as st
-out, pp, ng, quants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+out, pp, ng, emulated, quants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+if emulated:
+    print(f"EMULATED: both engines' aarch64 builds under `{emulated}` on this host; the ratio says")
+    print("how the two aarch64 code paths compare under the emulator, not real-hardware speed.")
+    print()
 print(f"| quant | test | threads | edgellm t/s | llama.cpp t/s | ratio |")
 print(f"|---|---|---:|---:|---:|---:|")
+targets = []
 for q in quants:
     ours, theirs = {}, {}
     for f in sorted(glob.glob(f"{out}/edgellm-{q}-*.json")):
@@ -46,5 +75,17 @@ for q in quants:
             continue
         a, b = st.mean(ours[key]), st.mean(theirs[key])
         n = pp if key[0] == "pp" else ng
-        print(f"| {q.upper()} | {key[0]}{n} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+        label = " (emulated)" if emulated else ""
+        print(f"| {q.upper()} | {key[0]}{n}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} |")
+        if emulated and key[0] == "tg":
+            met = "met" if a >= b else "NOT met"
+            targets.append(f"- {q.upper()} tg{n} t={key[1]}: {a / b:.2f}x, target >= 1.00x (emulated): {met}")
+if targets:
+    print()
+    print("\n".join(targets))
 PY
+
+if [ "$arch" = native ] && [ "${SKIP_PROCESS:-0}" != 1 ]; then
+    echo
+    THREADS="$threads" bench/vs-llamacpp-process.sh "${quants[@]}"
+fi
