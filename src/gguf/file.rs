@@ -213,6 +213,11 @@ impl Gguf {
         &self.parsed.metadata
     }
 
+    /// The metadata, to drop what is no longer needed once parsed into other structures.
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.parsed.metadata
+    }
+
     /// Tensor infos in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.parsed.tensors
@@ -268,6 +273,31 @@ impl Gguf {
     /// The whole file's bytes.
     pub fn bytes(&self) -> &[u8] {
         self.storage.bytes()
+    }
+
+    /// Drops the mapped pages of the header, metadata and tensor table (everything before the
+    /// tensor data, down to a 64 KiB boundary) from this process's resident set, once they
+    /// have been parsed: for a 49k-token vocabulary that is ~1.7 MB of RAM for the life of the
+    /// process. A later read of those bytes faults them in again from the file.
+    pub fn release_header_pages(&self) {
+        let Storage::Mmap(m) = &self.storage else {
+            return;
+        };
+        let page = 64 * 1024;
+        let end = usize::try_from(self.parsed.data_offset)
+            .unwrap_or(0)
+            .min(m.len());
+        let len = end - end % page;
+        if len == 0 {
+            return;
+        }
+        // SAFETY: the mapping is private and read-only; MADV_DONTNEED on it only discards
+        // our copies of clean file pages, and a later access reads the same bytes from the
+        // file again (the file is not modified while mapped, as for every view of it).
+        let r = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len) };
+        if let Err(e) = r {
+            tracing::debug!("madvise(DONTNEED) on {}: {e}", self.path.display());
+        }
     }
 
     /// Gives a `madvise` hint for one tensor's pages (e.g. `WillNeed` before a layer runs).

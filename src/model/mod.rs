@@ -229,6 +229,12 @@ impl Model {
             });
         }
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        // The tokenizer holds the vocabulary now; the parsed arrays (~5 MB of small strings for
+        // a 49k vocabulary) would only double it in RAM for the life of the process.
+        let mut gguf = gguf;
+        for key in VOCAB_ARRAYS {
+            gguf.metadata_mut().remove(key);
+        }
         let model = Model {
             gguf,
             hp,
@@ -243,6 +249,10 @@ impl Model {
         for t in model.all_refs() {
             model.view(t)?;
         }
+        // The fingerprint is the last reader of the metadata bytes: take it now, then let the
+        // kernel have those pages back.
+        model.fingerprint();
+        model.gguf.release_header_pages();
         Ok(model)
     }
 
@@ -350,6 +360,14 @@ impl Model {
         per_layer + self.output().bytes()
     }
 }
+
+/// Metadata arrays that [`Tokenizer::from_gguf`] consumes and [`Model::from_gguf`] drops.
+const VOCAB_ARRAYS: [&str; 4] = [
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.merges",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.scores",
+];
 
 fn fingerprint_of(gguf: &Gguf) -> [u8; 32] {
     use sha2::{Digest, Sha256};
