@@ -96,7 +96,7 @@ impl Tokenizer {
         let mut norm = Vec::new();
         let mut scratch = BpeScratch::default();
         let n_vocab = self.texts.len() as u32;
-        let lookup = |s: &[u8]| self.ids.get(s).copied();
+        let lookup = |s: &[u8]| self.ids.get(&self.texts, s);
         for &f in frags {
             let (start, end) = match f {
                 Fragment::Token(id) => {
@@ -177,7 +177,7 @@ impl Tokenizer {
 
 impl SpmVocab for Tokenizer {
     fn token(&self, text: &[u8]) -> Option<u32> {
-        self.ids.get(text).copied()
+        self.ids.get(&self.texts, text)
     }
 
     fn rank(&self, id: u32) -> u32 {

@@ -31,6 +31,7 @@ mod chat;
 mod detok;
 mod encode;
 mod gguf;
+mod index;
 mod pretokenize;
 mod queue;
 mod spm;
@@ -92,7 +93,7 @@ pub struct Tokenizer {
     pub(crate) n_score_ranks: usize,
     /// llama.cpp's token attribute bits (`vocab::attr`).
     pub(crate) attrs: Vec<u32>,
-    pub(crate) ids: FastMap<Box<[u8]>, u32>,
+    pub(crate) ids: index::TextIndex,
     /// `token_to_piece(id, special = true)` for every id.
     pub(crate) pieces: Vec<Box<[u8]>>,
     pub(crate) bpe: Option<bpe::BpeTables>,
@@ -248,7 +249,7 @@ impl Tokenizer {
 
     /// The id of a token given its vocabulary text.
     pub fn token_id(&self, text: &[u8]) -> Option<u32> {
-        self.ids.get(text).copied()
+        self.ids.get(&self.texts, text)
     }
 
     /// The token's type as llama.cpp sees it after loading (heuristics included).

@@ -3,8 +3,9 @@
 
 use super::bpe::BpeTables;
 use super::detok::piece_of;
+use super::index::TextIndex;
 use super::pretokenize::PreTokenizer;
-use super::{FastMap, SpecialIds, Tokenizer, TokenizerError};
+use super::{SpecialIds, Tokenizer, TokenizerError};
 
 /// Which tokenizer algorithm a vocabulary uses (`tokenizer.ggml.model`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -316,26 +317,24 @@ impl Tokenizer {
             });
         }
 
-        let mut texts: Vec<Box<[u8]>> = Vec::with_capacity(n);
-        let mut ids: FastMap<Box<[u8]>, u32> = FastMap::default();
-        ids.reserve(n);
-        for (i, t) in v.tokens.iter().enumerate() {
-            let text: Box<[u8]> = if t.is_empty() {
-                format!("[EMPTY_{i}]").into_bytes().into()
-            } else {
-                t.as_bytes().into()
-            };
-            if let Some(&first) = ids.get(&text) {
-                let text = String::from_utf8_lossy(&text).into_owned();
-                return Err(TokenizerError::DuplicateToken {
-                    text,
-                    first,
-                    second: i as u32,
-                });
-            }
-            ids.insert(text.clone(), i as u32);
-            texts.push(text);
-        }
+        let texts: Vec<Box<[u8]>> = v
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.is_empty() {
+                    format!("[EMPTY_{i}]").into_bytes().into()
+                } else {
+                    t.as_bytes().into()
+                }
+            })
+            .collect();
+        let ids =
+            TextIndex::build(&texts).map_err(|(first, second)| TokenizerError::DuplicateToken {
+                text: String::from_utf8_lossy(&texts[second as usize]).into_owned(),
+                first,
+                second,
+            })?;
         let mut attrs: Vec<u32> = (0..n)
             .map(|i| v.types.get(i).map_or(attr::NORMAL, |&t| attr_of_type(t)))
             .collect();
@@ -348,7 +347,7 @@ impl Tokenizer {
             .collect();
         special.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
-        let lookup = |t: &[u8]| ids.get(t).copied();
+        let lookup = |t: &[u8]| ids.get(&texts, t);
         let bpe = (v.kind == VocabKind::Bpe)
             .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes())));
         let mut byte_tokens = [None; 256];
