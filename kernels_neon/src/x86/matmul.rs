@@ -258,8 +258,8 @@ fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>
 }
 
 macro_rules! kernels {
-    ($fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident) => {
-        /// `vec_dot` (AVX2): the same per-block sequence as one pair of a tile.
+    ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident) => {
+        #[doc = concat!("`vec_dot` (", $what, "): the same per-block sequence as one pair of a tile.")]
         pub(crate) fn $dot(x: &[$w], y: &[$a]) -> f32 {
             assert_eq!(
                 x.len(),
@@ -267,33 +267,34 @@ macro_rules! kernels {
                 concat!(stringify!($dot), ": length mismatch")
             );
             let mut out = [0.0f32];
-            // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
-            // `is_x86_feature_detected!` confirmed avx2, fma and f16c; shapes checked above.
+            // SAFETY: only reachable through the table of this path, which `dispatch` hands
+            // out after `is_x86_feature_detected!` confirmed its features (avx2, fma and f16c;
+            // plus avx512vnni and avx512vl for `Vnni` formats); shapes checked above.
             unsafe { run::<$fmt, 1, 4, 1, SCRATCH_DOT>(x, y, x.len(), 1, &mut out) };
             out[0]
         }
 
-        /// Matrix-vector product (AVX2), `4 * MV_GROUPS` rows per pass.
+        #[doc = concat!("Matrix-vector product (", $what, "), `4 * MV_GROUPS` rows per pass.")]
         pub(crate) fn $mv(w: &[$w], a: &[$a], out: &mut [f32]) {
             let nb = check_matvec(w, a, out);
             if nb == 0 || out.is_empty() {
                 out.fill(0.0);
                 return;
             }
-            // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
-            // runtime); `check_matvec` guarantees `w.len() == out.len() * nb`.
+            // SAFETY: only reachable through the table of this path (its features detected at
+            // runtime, as above); `check_matvec` guarantees `w.len() == out.len() * nb`.
             unsafe { run::<$fmt, MV_GROUPS, { 4 * MV_GROUPS }, 1, SCRATCH>(w, a, nb, 1, out) }
         }
 
-        /// Matrix-matrix product (AVX2), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.
+        #[doc = concat!("Matrix-matrix product (", $what, "), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.")]
         pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
             let (nb, rows) = check_matmul(w, a, n_tok, out);
             if nb == 0 || rows == 0 {
                 out.fill(0.0);
                 return;
             }
-            // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at
-            // runtime); `check_matmul` guarantees the shapes.
+            // SAFETY: only reachable through the table of this path (its features detected at
+            // runtime, as above); `check_matmul` guarantees the shapes.
             unsafe {
                 run::<$fmt, MM_GROUPS, { 4 * MM_GROUPS }, MM_TOKS, SCRATCH>(w, a, nb, n_tok, out)
             }
@@ -302,6 +303,7 @@ macro_rules! kernels {
 }
 
 kernels!(
+    "AVX2",
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
@@ -310,6 +312,7 @@ kernels!(
     matmul_q4_0_q8_0
 );
 kernels!(
+    "AVX2",
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
@@ -318,6 +321,7 @@ kernels!(
     matmul_q4_1_q8_1
 );
 kernels!(
+    "AVX2",
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
@@ -325,3 +329,37 @@ kernels!(
     matvec_q8_0_q8_0,
     matmul_q8_0_q8_0
 );
+
+/// The same kernels with the integer sums through `vpdpbusd`, for the `avx512vnni` table.
+pub(crate) mod vnni {
+    use super::*;
+    use crate::x86::dot::Vnni;
+
+    kernels!(
+        "AVX2 + AVX512-VNNI",
+        Vnni<Q4_0>,
+        BlockQ4_0,
+        BlockQ8_0,
+        vec_dot_q4_0_q8_0,
+        matvec_q4_0_q8_0,
+        matmul_q4_0_q8_0
+    );
+    kernels!(
+        "AVX2 + AVX512-VNNI",
+        Vnni<Q4_1>,
+        BlockQ4_1,
+        BlockQ8_1,
+        vec_dot_q4_1_q8_1,
+        matvec_q4_1_q8_1,
+        matmul_q4_1_q8_1
+    );
+    kernels!(
+        "AVX2 + AVX512-VNNI",
+        Vnni<Q8_0>,
+        BlockQ8_0,
+        BlockQ8_0,
+        vec_dot_q8_0_q8_0,
+        matvec_q8_0_q8_0,
+        matmul_q8_0_q8_0
+    );
+}
