@@ -21,6 +21,8 @@ const MV_GROUPS: usize = 2;
 /// Register tile of a matrix-matrix product: `MM_GROUPS` groups of 4 rows × `MM_TOKS` tokens.
 const MM_GROUPS: usize = 2;
 const MM_TOKS: usize = 3;
+const VNNI_MM_GROUPS: usize = 2;
+const VNNI_MM_TOKS: usize = 4;
 /// How far ahead (in bytes) the weights are prefetched: 4-16 KiB measured best for the LM
 /// head matrix-vector product (16 MB) on Zen 4, more thrashes L1.
 const PREFETCH_BYTES: usize = 8192;
@@ -259,6 +261,9 @@ fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>
 
 macro_rules! kernels {
     ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident) => {
+        kernels!($what, $fmt, $w, $a, $dot, $mv, $mm, MM_GROUPS, MM_TOKS);
+    };
+    ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident, $mmg:expr, $mmt:expr) => {
         #[doc = concat!("`vec_dot` (", $what, "): the same per-block sequence as one pair of a tile.")]
         pub(crate) fn $dot(x: &[$w], y: &[$a]) -> f32 {
             assert_eq!(
@@ -296,7 +301,7 @@ macro_rules! kernels {
             // SAFETY: only reachable through the table of this path (its features detected at
             // runtime, as above); `check_matmul` guarantees the shapes.
             unsafe {
-                run::<$fmt, MM_GROUPS, { 4 * MM_GROUPS }, MM_TOKS, SCRATCH>(w, a, nb, n_tok, out)
+                run::<$fmt, { $mmg }, { 4 * $mmg }, { $mmt }, SCRATCH>(w, a, nb, n_tok, out)
             }
         }
     };
@@ -342,7 +347,9 @@ pub(crate) mod vnni {
         BlockQ8_0,
         vec_dot_q4_0_q8_0,
         matvec_q4_0_q8_0,
-        matmul_q4_0_q8_0
+        matmul_q4_0_q8_0,
+        VNNI_MM_GROUPS,
+        VNNI_MM_TOKS
     );
     kernels!(
         "AVX2 + AVX512-VNNI",
