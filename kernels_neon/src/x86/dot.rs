@@ -372,6 +372,87 @@ impl Fmt for Q8_0 {
     }
 }
 
+/// Q8_0 × Q8_0 through `vpdpbusd`, without the sign trick: the weights offset to unsigned
+/// (`x ^ 0x80` is `x + 128` as u8), `sum((x + 128) * y) - 128 * sum(y)`, the correction once
+/// per activation block for all rows (as Q4_0's). Exact for any weights and activations
+/// (`|sum| <= 32 * 255 * 128`), so the same sums as [`Q8_0`]'s; a group is 4 registers instead
+/// of 8, and a token needs no `sign` per row.
+///
+/// All of this type's `unsafe fn`s (not only [`Fmt::isum_group_vnni`]) need avx512vnni and
+/// avx512vl besides the AVX2 set: it is only used by the `avx512vnni` table.
+pub(super) struct Q8_0Vnni;
+
+impl Fmt for Q8_0Vnni {
+    type W = BlockQ8_0;
+    type A = BlockQ8_0;
+    type GP = [__m256i; 4];
+    type AP = __m256i;
+    const HAS_MIN: bool = false;
+    const HAS_CORR: bool = true;
+    const LANES: [[usize; 8]; 2] = Q8_0::LANES;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_group(w: [&BlockQ8_0; 4]) -> [__m256i; 4] {
+        let bias = _mm256_set1_epi8(-128);
+        w.map(|b| _mm256_xor_si256(load_i8x32(&b.qs), bias))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_a(a: &BlockQ8_0) -> __m256i {
+        load_i8x32(&a.qs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group(g: &[__m256i; 4], y: &__m256i) -> __m256i {
+        // SAFETY: the caller guarantees avx512vnni and avx512vl (this type's contract).
+        unsafe { Self::isum_group_vnni(g, y) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group_vnni(g: &[__m256i; 4], y: &__m256i) -> __m256i {
+        let z = _mm256_setzero_si256();
+        // SAFETY: the caller guarantees avx512vnni and avx512vl (trait contract).
+        q8_reduce(g.map(|xu| unsafe { dpbusd(z, xu, *y) }))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i {
+        // SAFETY: same features as this function's.
+        unsafe { Q8_0::combine(h0, h1) }
+    }
+    #[inline]
+    fn w_d(w: &BlockQ8_0) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+    /// `(d, 128 * sum(y))`.
+    type AS = (f32, i32);
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_0) -> (f32, i32) {
+        (
+            f16_to_f32(a.d),
+            128 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>(),
+        )
+    }
+    #[inline]
+    fn as_d(s: &(f32, i32)) -> f32 {
+        s.0
+    }
+    #[inline]
+    fn as_s(_: &(f32, i32)) -> f32 {
+        0.0
+    }
+    #[inline]
+    fn as_corr(s: &(f32, i32)) -> i32 {
+        s.1
+    }
+}
+
 /// Four rows' i32 partial sums (`[a0 a1 a2 a3 | a4..a7]` each) → `[a b c d | a' b' c' d']`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

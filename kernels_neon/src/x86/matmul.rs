@@ -338,7 +338,7 @@ kernels!(
 /// The same kernels with the integer sums through `vpdpbusd`, for the `avx512vnni` table.
 pub(crate) mod vnni {
     use super::*;
-    use crate::x86::dot::Vnni;
+    use crate::x86::dot::{Q8_0Vnni, Vnni};
 
     kernels!(
         "AVX2 + AVX512-VNNI",
@@ -362,11 +362,13 @@ pub(crate) mod vnni {
     );
     kernels!(
         "AVX2 + AVX512-VNNI",
-        Vnni<Q8_0>,
+        Q8_0Vnni,
         BlockQ8_0,
         BlockQ8_0,
         vec_dot_q8_0_q8_0,
         matvec_q8_0_q8_0,
-        matmul_q8_0_q8_0
+        matmul_q8_0_q8_0,
+        VNNI_MM_GROUPS,
+        VNNI_MM_TOKS
     );
 }
