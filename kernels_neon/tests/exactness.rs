@@ -176,6 +176,8 @@ fn check_same_bits<W: WeightFormat>(a: &Kernels, b: &Kernels) {
         (19, 37, 5),
         (33, 18, 64),
         (9, 700, 13),
+        // More tokens than the repacked products take per chunk of 64 blocks.
+        (9, 130, 70),
     ] {
         let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 3 + nb) as u64));
         let x: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));

@@ -9,7 +9,7 @@
 //! it came through `vec_dot`, `matvec` or `matmul`: edges use smaller instances of the same
 //! tile (a group padded with zero rows, fewer tokens).
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0};
+use super::dot::{Fmt, Q4_0, Q4_1, Q8_0, Q8_0Vnni, Vnni, dpbusd};
 use super::simd::{load_ps, store_ps};
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
@@ -23,6 +23,8 @@ const MM_GROUPS: usize = 2;
 const MM_TOKS: usize = 3;
 const VNNI_MM_GROUPS: usize = 2;
 const VNNI_MM_TOKS: usize = 4;
+/// Tokens per tile of the `avx512vnni` repacked products (8 rows each).
+const VNNI_RP_TOKS: usize = 4;
 /// How far ahead (in bytes) the weights are prefetched: 4-16 KiB measured best for the LM
 /// head matrix-vector product (16 MB) on Zen 4, more thrashes L1.
 const PREFETCH_BYTES: usize = 8192;
@@ -259,11 +261,247 @@ fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>
     }
 }
 
+/// Weight formats whose blocks the `avx512vnni` matrix products repack (activations Q8_0):
+/// a block as 32 unsigned bytes, value `i` at `i`, whose `vpdpbusd` sums against the
+/// activations minus [`Fmt::as_corr`] are the block's exact integer dot product.
+pub(super) trait Repack: Fmt<A = BlockQ8_0> {
+    fn values(w: &Self::W) -> [u8; 32];
+}
+
+impl Repack for Vnni<Q4_0> {
+    #[inline]
+    fn values(w: &BlockQ4_0) -> [u8; 32] {
+        std::array::from_fn(|i| {
+            let b = w.qs[i % 16];
+            if i < 16 { b & 0x0f } else { b >> 4 }
+        })
+    }
+}
+
+impl Repack for Q8_0Vnni {
+    #[inline]
+    fn values(w: &BlockQ8_0) -> [u8; 32] {
+        w.qs.map(|v| (v as u8) ^ 0x80)
+    }
+}
+
+/// Block `b` of 8 rows, interleaved for `vpdpbusd`: `q[j]` holds values `4j..4j+4` of row `k`
+/// in bytes `4k..4k+4`, so that one `vpdpbusd` per `j` against the activations' bytes
+/// `4j..4j+4` (broadcast) leaves each row's block sum in its own lane, with no reduction;
+/// `d` the rows' scales as f32.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Packed {
+    q: [[u8; 32]; 8],
+    d: [f32; 8],
+}
+
+/// Independent `vpdpbusd` accumulators per token in [`rtile`].
+const CHAINS: usize = 2;
+/// Blocks per repacked chunk (18 KiB on the stack).
+const RP_BLOCKS: usize = 64;
+
+/// Rows `r..r + rv` (`rv <= 8`; the rest zero blocks), blocks `k0..k0 + pk.len()`, into `pk`.
+fn repack<F: Repack>(w: &[F::W], nb: usize, r: usize, rv: usize, k0: usize, pk: &mut [Packed]) {
+    for (b, p) in pk.iter_mut().enumerate() {
+        for k in 0..8 {
+            let (v, d) = if k < rv {
+                let blk = &w[(r + k) * nb + k0 + b];
+                (F::values(blk), F::w_d(blk).to_f32())
+            } else {
+                ([0; 32], 0.0)
+            };
+            for j in 0..8 {
+                p.q[j][4 * k..4 * k + 4].copy_from_slice(&v[4 * j..4 * j + 4]);
+            }
+            p.d[k] = d;
+        }
+    }
+}
+
+/// The repacked rows × tokens `t..t + RN`: per pair and block the same
+/// `fma(f32(sumi), d_w * d_a, acc)` as [`tile`] (so the same bits), `out` read back unless
+/// `k0 == 0`.
+///
+/// # Safety
+/// avx512vnni and avx512vl (for `vpdpbusd`) besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rtile<F: Repack, const RN: usize>(
+    pk: &[Packed],
+    a: &[BlockQ8_0],
+    sc: &[F::AS],
+    nb: usize,
+    n_tok: usize,
+    (r, rv, k0, t, t0): (usize, usize, usize, usize, usize),
+    out: &mut [f32],
+) {
+    let kb = pk.len();
+    let mut acc = [_mm256_setzero_ps(); RN];
+    if k0 > 0 {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let mut l = [0.0f32; 8];
+            for (k, l) in l.iter_mut().enumerate().take(rv) {
+                *l = out[(r + k) * n_tok + t + j];
+            }
+            *acc = load_ps(&l);
+        }
+    }
+    let mut toks: [&[BlockQ8_0]; RN] = [&[]; RN];
+    let mut tsc: [&[F::AS]; RN] = [&[]; RN];
+    for j in 0..RN {
+        toks[j] = &a[(t + j) * nb + k0..][..kb];
+        tsc[j] = &sc[(t - t0 + j) * kb..][..kb];
+    }
+    for (b, p) in pk.iter().enumerate() {
+        // SAFETY: `p.d` is 8 readable f32; `loadu` has no alignment requirement.
+        let wd = unsafe { _mm256_loadu_ps(p.d.as_ptr()) };
+        let mut q = [_mm256_setzero_si256(); 8];
+        for (qj, src) in q.iter_mut().zip(&p.q) {
+            // SAFETY: `src` is 32 readable bytes; `loadu` has no alignment requirement.
+            *qj = unsafe { _mm256_loadu_si256(src.as_ptr().cast()) };
+        }
+        for j in 0..RN {
+            let y = &toks[j][b].qs;
+            let s = &tsc[j][b];
+            // CHAINS independent sums (a chain of 8 `vpdpbusd` is latency-bound), added at
+            // the end: integers, so exact in any order.
+            let mut part = [_mm256_setzero_si256(); CHAINS];
+            for (i, &qi) in q.iter().enumerate() {
+                let y4 = i32::from_le_bytes([
+                    y[4 * i] as u8,
+                    y[4 * i + 1] as u8,
+                    y[4 * i + 2] as u8,
+                    y[4 * i + 3] as u8,
+                ]);
+                let c = &mut part[i % CHAINS];
+                // SAFETY: the caller guarantees avx512vnni and avx512vl.
+                *c = unsafe { dpbusd(*c, qi, _mm256_set1_epi32(y4)) };
+            }
+            let mut sumi = part[0];
+            for &p in &part[1..] {
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(s)));
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(F::as_d(s)));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[j]);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        let mut l = [0.0f32; 8];
+        store_ps(&mut l, *acc);
+        for (k, l) in l.iter().enumerate().take(rv) {
+            out[(r + k) * n_tok + t + j] = *l;
+        }
+    }
+}
+
+/// Matrix-matrix product through repacked weights (see [`Packed`]): for each chunk of tokens
+/// and of blocks, each group of 8 rows is repacked once and swept over all the chunk's tokens,
+/// `RN` at a time.
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features; `w.len() == rows * nb`,
+/// `a.len() == n_tok * nb`, `out.len() == rows * n_tok`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_repacked<F: Repack, const RN: usize>(
+    w: &[F::W],
+    a: &[BlockQ8_0],
+    nb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    const { assert!(RN >= 1 && RN <= 4 && SCRATCH >= RP_BLOCKS * 4) };
+    let rows = out.len() / n_tok;
+    let kb_max = nb.clamp(1, RP_BLOCKS);
+    let tc = SCRATCH / kb_max;
+    let mut scratch = [const { MaybeUninit::<F::AS>::uninit() }; SCRATCH];
+    let mut pk = [Packed {
+        q: [[0; 32]; 8],
+        d: [0.0; 8],
+    }; RP_BLOCKS];
+    let mut t0 = 0;
+    while t0 < n_tok {
+        let tcn = tc.min(n_tok - t0);
+        let mut k0 = 0;
+        while k0 < nb {
+            let kb = kb_max.min(nb - k0);
+            for j in 0..tcn {
+                let blocks = &a[(t0 + j) * nb + k0..][..kb];
+                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
+                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which this function runs with.
+                    s.write(unsafe { F::a_scalars(blk) });
+                }
+            }
+            // SAFETY: the first `tcn * kb <= SCRATCH` entries were initialised just above.
+            let sc =
+                unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<F::AS>(), tcn * kb) };
+            let pk = &mut pk[..kb];
+            let mut r = 0;
+            while r < rows {
+                let rv = 8.min(rows - r);
+                repack::<F>(w, nb, r, rv, k0, pk);
+                let mut t = t0;
+                while t < t0 + tcn {
+                    let rn = RN.min(t0 + tcn - t);
+                    let at = (r, rv, k0, t, t0);
+                    // SAFETY: the caller guarantees avx512vnni and avx512vl.
+                    unsafe {
+                        match rn {
+                            n if n == RN => rtile::<F, RN>(pk, a, sc, nb, n_tok, at, out),
+                            1 => rtile::<F, 1>(pk, a, sc, nb, n_tok, at, out),
+                            2 => rtile::<F, 2>(pk, a, sc, nb, n_tok, at, out),
+                            _ => rtile::<F, 3>(pk, a, sc, nb, n_tok, at, out),
+                        }
+                    }
+                    t += rn;
+                }
+                r += rv;
+            }
+            k0 += kb;
+        }
+        t0 += tcn;
+    }
+}
+
 macro_rules! kernels {
     ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident) => {
         kernels!($what, $fmt, $w, $a, $dot, $mv, $mm, MM_GROUPS, MM_TOKS);
     };
     ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident, $mmg:expr, $mmt:expr) => {
+        kernels!(@dot_mv $what, $fmt, $w, $a, $dot, $mv);
+
+        #[doc = concat!("Matrix-matrix product (", $what, "), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.")]
+        pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
+            let (nb, rows) = check_matmul(w, a, n_tok, out);
+            if nb == 0 || rows == 0 {
+                out.fill(0.0);
+                return;
+            }
+            // SAFETY: only reachable through the table of this path (its features detected at
+            // runtime, as above); `check_matmul` guarantees the shapes.
+            unsafe {
+                run::<$fmt, { $mmg }, { 4 * $mmg }, { $mmt }, SCRATCH>(w, a, nb, n_tok, out)
+            }
+        }
+    };
+    (repacked $what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident, $mmt:expr) => {
+        kernels!(@dot_mv $what, $fmt, $w, $a, $dot, $mv);
+
+        #[doc = concat!("Matrix-matrix product (", $what, "), weights repacked 8 rows at a time.")]
+        pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
+            let (nb, rows) = check_matmul(w, a, n_tok, out);
+            if nb == 0 || rows == 0 {
+                out.fill(0.0);
+                return;
+            }
+            // SAFETY: only reachable through the `avx512vnni` table (avx2, fma, f16c,
+            // avx512vnni and avx512vl detected at runtime); `check_matmul` guarantees the shapes.
+            unsafe { run_repacked::<$fmt, { $mmt }>(w, a, nb, n_tok, out) }
+        }
+    };
+    (@dot_mv $what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident) => {
         #[doc = concat!("`vec_dot` (", $what, "): the same per-block sequence as one pair of a tile.")]
         pub(crate) fn $dot(x: &[$w], y: &[$a]) -> f32 {
             assert_eq!(
@@ -289,20 +527,6 @@ macro_rules! kernels {
             // SAFETY: only reachable through the table of this path (its features detected at
             // runtime, as above); `check_matvec` guarantees `w.len() == out.len() * nb`.
             unsafe { run::<$fmt, MV_GROUPS, { 4 * MV_GROUPS }, 1, SCRATCH>(w, a, nb, 1, out) }
-        }
-
-        #[doc = concat!("Matrix-matrix product (", $what, "), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.")]
-        pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
-            let (nb, rows) = check_matmul(w, a, n_tok, out);
-            if nb == 0 || rows == 0 {
-                out.fill(0.0);
-                return;
-            }
-            // SAFETY: only reachable through the table of this path (its features detected at
-            // runtime, as above); `check_matmul` guarantees the shapes.
-            unsafe {
-                run::<$fmt, { $mmg }, { 4 * $mmg }, { $mmt }, SCRATCH>(w, a, nb, n_tok, out)
-            }
         }
     };
 }
@@ -335,21 +559,20 @@ kernels!(
     matmul_q8_0_q8_0
 );
 
-/// The same kernels with the integer sums through `vpdpbusd`, for the `avx512vnni` table.
+/// The same kernels with the integer sums through `vpdpbusd`, for the `avx512vnni` table;
+/// Q4_0's and Q8_0's matrix-matrix products on repacked weights ([`run_repacked`]).
 pub(crate) mod vnni {
     use super::*;
-    use crate::x86::dot::{Q8_0Vnni, Vnni};
 
     kernels!(
-        "AVX2 + AVX512-VNNI",
+        repacked "AVX2 + AVX512-VNNI",
         Vnni<Q4_0>,
         BlockQ4_0,
         BlockQ8_0,
         vec_dot_q4_0_q8_0,
         matvec_q4_0_q8_0,
         matmul_q4_0_q8_0,
-        VNNI_MM_GROUPS,
-        VNNI_MM_TOKS
+        VNNI_RP_TOKS
     );
     kernels!(
         "AVX2 + AVX512-VNNI",
@@ -358,17 +581,18 @@ pub(crate) mod vnni {
         BlockQ8_1,
         vec_dot_q4_1_q8_1,
         matvec_q4_1_q8_1,
-        matmul_q4_1_q8_1
+        matmul_q4_1_q8_1,
+        VNNI_MM_GROUPS,
+        VNNI_MM_TOKS
     );
     kernels!(
-        "AVX2 + AVX512-VNNI",
+        repacked "AVX2 + AVX512-VNNI",
         Q8_0Vnni,
         BlockQ8_0,
         BlockQ8_0,
         vec_dot_q8_0_q8_0,
         matvec_q8_0_q8_0,
         matmul_q8_0_q8_0,
-        VNNI_MM_GROUPS,
-        VNNI_MM_TOKS
+        VNNI_RP_TOKS
     );
 }
