@@ -10,7 +10,7 @@
 //! tile (a group padded with zero rows, fewer tokens).
 
 use super::dot::{Fmt, Q4_0, Q4_1, Q8_0, Q8_0Vnni, Vnni, dpbusd};
-use super::simd::{load_ps, store_ps};
+use super::simd::{load_i8x32, load_ps, store_ps};
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
@@ -262,26 +262,36 @@ fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>
 }
 
 /// Weight formats whose blocks the `avx512vnni` matrix products repack (activations Q8_0):
-/// a block as 32 unsigned bytes, value `i` at `i`, whose `vpdpbusd` sums against the
+/// a block as 32 unsigned bytes, value `i` in byte `i`, whose `vpdpbusd` sums against the
 /// activations minus [`Fmt::as_corr`] are the block's exact integer dot product.
 pub(super) trait Repack: Fmt<A = BlockQ8_0> {
-    fn values(w: &Self::W) -> [u8; 32];
+    /// # Safety
+    /// Needs avx2, fma and f16c (as the `Fmt` functions).
+    unsafe fn values(w: &Self::W) -> __m256i;
 }
 
 impl Repack for Vnni<Q4_0> {
+    /// Low nibbles (values 0..16) in the low half, high nibbles (16..32) in the high half.
     #[inline]
-    fn values(w: &BlockQ4_0) -> [u8; 32] {
-        std::array::from_fn(|i| {
-            let b = w.qs[i % 16];
-            if i < 16 { b & 0x0f } else { b >> 4 }
-        })
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(w: &BlockQ4_0) -> __m256i {
+        // SAFETY: `qs` is 16 readable bytes; `loadu` has no alignment requirement.
+        let q = unsafe { _mm_loadu_si128(w.qs.as_ptr().cast()) };
+        let m = _mm_set1_epi8(0x0f);
+        let (lo, hi) = (
+            _mm_and_si128(q, m),
+            _mm_and_si128(_mm_srli_epi16::<4>(q), m),
+        );
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
     }
 }
 
 impl Repack for Q8_0Vnni {
+    /// `x ^ 0x80`, i.e. `x + 128` as u8 (see [`Q8_0Vnni`]).
     #[inline]
-    fn values(w: &BlockQ8_0) -> [u8; 32] {
-        w.qs.map(|v| (v as u8) ^ 0x80)
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(w: &BlockQ8_0) -> __m256i {
+        _mm256_xor_si256(load_i8x32(&w.qs), _mm256_set1_epi8(-128))
     }
 }
 
@@ -301,20 +311,61 @@ const CHAINS: usize = 2;
 /// Blocks per repacked chunk (18 KiB on the stack).
 const RP_BLOCKS: usize = 64;
 
-/// Rows `r..r + rv` (`rv <= 8`; the rest zero blocks), blocks `k0..k0 + pk.len()`, into `pk`.
+/// Rows `r..r + rv` (`rv <= 8`; the rest zero blocks), blocks `k0..k0 + pk.len()`, into `pk`:
+/// per block, the 8 rows' values as 8 × 8 dwords, transposed.
+#[target_feature(enable = "avx2,fma,f16c")]
 fn repack<F: Repack>(w: &[F::W], nb: usize, r: usize, rv: usize, k0: usize, pk: &mut [Packed]) {
+    let kb = pk.len();
+    let rows: [&[F::W]; 8] = std::array::from_fn(|k| {
+        if k < rv {
+            &w[(r + k) * nb + k0..][..kb]
+        } else {
+            &[]
+        }
+    });
     for (b, p) in pk.iter_mut().enumerate() {
-        for k in 0..8 {
-            let (v, d) = if k < rv {
-                let blk = &w[(r + k) * nb + k0 + b];
-                (F::values(blk), F::w_d(blk).to_f32())
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut dbits = [0u16; 8];
+        for k in 0..rv {
+            let blk = &rows[k][b];
+            // SAFETY: `values` needs avx2, fma and f16c, which this function runs with.
+            v[k] = unsafe { F::values(blk) };
+            dbits[k] = F::w_d(blk).to_bits();
+        }
+        // 8x8 transpose of dwords: row k's dword j to `q[j]`'s lane k.
+        let t: [__m256i; 8] = std::array::from_fn(|i| {
+            let (x, y) = (v[i & !1], v[i | 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi32(x, y)
             } else {
-                ([0; 32], 0.0)
-            };
-            for j in 0..8 {
-                p.q[j][4 * k..4 * k + 4].copy_from_slice(&v[4 * j..4 * j + 4]);
+                _mm256_unpackhi_epi32(x, y)
             }
-            p.d[k] = d;
+        });
+        // t[0] = r0r1 cols 0,1 | 4,5; t[1] = r0r1 cols 2,3 | 6,7; t[2], t[3] rows 2,3; ...
+        let u: [__m256i; 8] = std::array::from_fn(|i| {
+            // u[0..4] rows 0-3, u[4..8] rows 4-7; u[c] (c = 0..4) holds cols c | c + 4.
+            let base = (i / 4) * 4;
+            let c = i % 4;
+            let (x, y) = (t[base + c / 2], t[base + 2 + c / 2]);
+            if c % 2 == 0 {
+                _mm256_unpacklo_epi64(x, y)
+            } else {
+                _mm256_unpackhi_epi64(x, y)
+            }
+        });
+        for c in 0..4 {
+            let lo = _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c]);
+            let hi = _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c]);
+            // SAFETY: `p.q[_]` is 32 writable bytes; `storeu` has no alignment requirement.
+            unsafe {
+                _mm256_storeu_si256(p.q[c].as_mut_ptr().cast(), lo);
+                _mm256_storeu_si256(p.q[c + 4].as_mut_ptr().cast(), hi);
+            }
+        }
+        // SAFETY: `dbits` is 16 readable bytes, `p.d` 32 writable ones; no alignment needed.
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(dbits.as_ptr().cast()));
+            _mm256_storeu_ps(p.d.as_mut_ptr(), d);
         }
     }
 }
@@ -441,6 +492,20 @@ unsafe fn run_repacked<F: Repack, const RN: usize>(
             let mut r = 0;
             while r < rows {
                 let rv = 8.min(rows - r);
+                // The next group's weights, from memory in a forward pass, are prefetched
+                // while this one is swept over the tokens (the repack's loads would otherwise
+                // wait on each line).
+                for row in (r + 8)..(r + 16).min(rows) {
+                    let p = w[row * nb + k0..][..kb].as_ptr().cast::<u8>();
+                    for off in (0..kb * std::mem::size_of::<F::W>()).step_by(64) {
+                        // SAFETY: a prefetch is a hint that never faults and has no effect on
+                        // memory as the program sees it (newer compilers treat it as safe).
+                        #[allow(unused_unsafe)]
+                        unsafe {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast())
+                        };
+                    }
+                }
                 repack::<F>(w, nb, r, rv, k0, pk);
                 let mut t = t0;
                 while t < t0 + tcn {
