@@ -35,8 +35,9 @@ pub enum Path {
     I8mm,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86_64 AVX2 + FMA + F16C, with the quantized products' integer sums through
-    /// AVX512-VNNI `vpdpbusd` on 256-bit registers (AVX512VL): Zen 4, Ice Lake and later.
+    /// x86_64 AVX2 + FMA + F16C, with the quantized matrix-matrix products' integer sums
+    /// through AVX512-VNNI `vpdpbusd` on 256-bit registers (AVX512VL): Zen 4, Ice Lake and
+    /// later.
     Avx512Vnni,
 }
 

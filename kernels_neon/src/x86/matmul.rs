@@ -536,7 +536,9 @@ macro_rules! kernels {
     };
     ($what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident, $mmg:expr, $mmt:expr) => {
         kernels!(@dot_mv $what, $fmt, $w, $a, $dot, $mv);
-
+        kernels!(@mm $what, $fmt, $w, $a, $mm, $mmg, $mmt);
+    };
+    (@mm $what:literal, $fmt:ty, $w:ty, $a:ty, $mm:ident, $mmg:expr, $mmt:expr) => {
         #[doc = concat!("Matrix-matrix product (", $what, "), tiles of `4 * MM_GROUPS` rows × `MM_TOKS` tokens.")]
         pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
             let (nb, rows) = check_matmul(w, a, n_tok, out);
@@ -551,9 +553,7 @@ macro_rules! kernels {
             }
         }
     };
-    (repacked $what:literal, $fmt:ty, $w:ty, $a:ty, $dot:ident, $mv:ident, $mm:ident, $mmt:expr) => {
-        kernels!(@dot_mv $what, $fmt, $w, $a, $dot, $mv);
-
+    (repacked $what:literal, $fmt:ty, $w:ty, $a:ty, $mm:ident, $mmt:expr) => {
         #[doc = concat!("Matrix-matrix product (", $what, "), weights repacked 8 rows at a time.")]
         pub(crate) fn $mm(w: &[$w], a: &[$a], n_tok: usize, out: &mut [f32]) {
             let (nb, rows) = check_matmul(w, a, n_tok, out);
@@ -624,8 +624,10 @@ kernels!(
     matmul_q8_0_q8_0
 );
 
-/// The same kernels with the integer sums through `vpdpbusd`, for the `avx512vnni` table;
-/// Q4_0's and Q8_0's matrix-matrix products on repacked weights ([`run_repacked`]).
+/// The matrix-matrix products with the integer sums through `vpdpbusd`, for the
+/// `avx512vnni` table: Q4_0's and Q8_0's on repacked weights ([`run_repacked`]), Q4_1's on
+/// the tile. (`vec_dot` and `matvec` stay AVX2's: decoding is bound by memory, and the
+/// `vpdpbusd` chain measured no faster there.)
 pub(crate) mod vnni {
     use super::*;
 
@@ -634,18 +636,14 @@ pub(crate) mod vnni {
         Vnni<Q4_0>,
         BlockQ4_0,
         BlockQ8_0,
-        vec_dot_q4_0_q8_0,
-        matvec_q4_0_q8_0,
         matmul_q4_0_q8_0,
         VNNI_RP_TOKS
     );
     kernels!(
-        "AVX2 + AVX512-VNNI",
+        @mm "AVX2 + AVX512-VNNI",
         Vnni<Q4_1>,
         BlockQ4_1,
         BlockQ8_1,
-        vec_dot_q4_1_q8_1,
-        matvec_q4_1_q8_1,
         matmul_q4_1_q8_1,
         VNNI_MM_GROUPS,
         VNNI_MM_TOKS
@@ -655,8 +653,6 @@ pub(crate) mod vnni {
         Q8_0Vnni,
         BlockQ8_0,
         BlockQ8_0,
-        vec_dot_q8_0_q8_0,
-        matvec_q8_0_q8_0,
         matmul_q8_0_q8_0,
         VNNI_RP_TOKS
     );

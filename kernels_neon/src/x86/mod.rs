@@ -57,17 +57,13 @@ pub(crate) const AVX2: Kernels = Kernels {
     f32_to_f16_row: ops::f32_to_f16_row,
 };
 
-/// The AVX2 table with the quantized products' integer sums through AVX512-VNNI `vpdpbusd`
-/// (256-bit, `asm!`): bit-identical results, fewer instructions per block. Handed out only
+/// The AVX2 table with the quantized matrix-matrix products' integer sums through AVX512-VNNI
+/// `vpdpbusd` (256-bit, `asm!`), Q4_0 and Q8_0 on weights repacked per 8-row group:
+/// bit-identical results, fewer instructions per block (prompt processing). `vec_dot` and
+/// `matvec` (decoding, bound by memory) are AVX2's. Handed out only
 /// after `is_x86_feature_detected!` confirmed avx512vnni and avx512vl besides the AVX2 set.
 pub(crate) const AVX512VNNI: Kernels = Kernels {
     path: Path::Avx512Vnni,
-    vec_dot_q4_0_q8_0: matmul::vnni::vec_dot_q4_0_q8_0,
-    vec_dot_q4_1_q8_1: matmul::vnni::vec_dot_q4_1_q8_1,
-    vec_dot_q8_0_q8_0: matmul::vnni::vec_dot_q8_0_q8_0,
-    matvec_q4_0_q8_0: matmul::vnni::matvec_q4_0_q8_0,
-    matvec_q4_1_q8_1: matmul::vnni::matvec_q4_1_q8_1,
-    matvec_q8_0_q8_0: matmul::vnni::matvec_q8_0_q8_0,
     matmul_q4_0_q8_0: matmul::vnni::matmul_q4_0_q8_0,
     matmul_q4_1_q8_1: matmul::vnni::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::vnni::matmul_q8_0_q8_0,
