@@ -2,7 +2,7 @@
 //! from runtime CPU-feature detection (never from the build host: a Yocto image is built on
 //! an x86 server for a Cortex-A53 it has never seen).
 //!
-//! `EDGELLM_KERNELS=reference|portable|neon|dotprod|i8mm|avx2` forces a path for A/B runs on a
+//! `EDGELLM_KERNELS=reference|portable|neon|dotprod|i8mm|avx2|avx512vnni` forces a path for A/B runs on a
 //! device; asking for one this CPU cannot run is an error, not a silent fallback.
 
 use crate::block::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
@@ -35,17 +35,22 @@ pub enum Path {
     I8mm,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX2 + FMA + F16C, with the quantized matrix-matrix products' integer sums
+    /// through AVX512-VNNI `vpdpbusd` on 256-bit registers (AVX512VL): Zen 4, Ice Lake and
+    /// later.
+    Avx512Vnni,
 }
 
 impl Path {
     /// Every path, slowest first.
-    pub const ALL: [Path; 6] = [
+    pub const ALL: [Path; 7] = [
         Path::Reference,
         Path::Portable,
         Path::Neon,
         Path::Dotprod,
         Path::I8mm,
         Path::Avx2,
+        Path::Avx512Vnni,
     ];
 
     /// The name used by `EDGELLM_KERNELS` and in logs.
@@ -57,6 +62,7 @@ impl Path {
             Path::Dotprod => "dotprod",
             Path::I8mm => "i8mm",
             Path::Avx2 => "avx2",
+            Path::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -81,7 +87,8 @@ impl Path {
             Path::Neon => arm_missing(&[]),
             Path::Dotprod => arm_missing(&["dotprod"]),
             Path::I8mm => arm_missing(&["dotprod", "i8mm"]),
-            Path::Avx2 => x86_missing(),
+            Path::Avx2 => x86_missing(&[]),
+            Path::Avx512Vnni => x86_missing(&["avx512vnni", "avx512vl"]),
         }
     }
 
@@ -122,21 +129,27 @@ fn arm_missing(_features: &[&'static str]) -> Option<&'static str> {
     Some("aarch64")
 }
 
+/// The first of avx2, fma, f16c and then `extra` this CPU lacks.
 #[cfg(target_arch = "x86_64")]
-fn x86_missing() -> Option<&'static str> {
-    if !std::arch::is_x86_feature_detected!("avx2") {
-        Some("avx2")
-    } else if !std::arch::is_x86_feature_detected!("fma") {
-        Some("fma")
-    } else if !std::arch::is_x86_feature_detected!("f16c") {
-        Some("f16c")
-    } else {
-        None
+fn x86_missing(extra: &[&'static str]) -> Option<&'static str> {
+    for &f in ["avx2", "fma", "f16c"].iter().chain(extra) {
+        let ok = match f {
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            "fma" => std::arch::is_x86_feature_detected!("fma"),
+            "f16c" => std::arch::is_x86_feature_detected!("f16c"),
+            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            _ => false,
+        };
+        if !ok {
+            return Some(f);
+        }
     }
+    None
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn x86_missing() -> Option<&'static str> {
+fn x86_missing(_extra: &[&'static str]) -> Option<&'static str> {
     Some("x86_64")
 }
 
@@ -166,6 +179,11 @@ pub fn cpu_features() -> Vec<&'static str> {
             ("fma", std::arch::is_x86_feature_detected!("fma")),
             ("f16c", std::arch::is_x86_feature_detected!("f16c")),
             ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
+            (
+                "avx512vnni",
+                std::arch::is_x86_feature_detected!("avx512vnni"),
+            ),
         ] {
             if on {
                 v.push(name);
@@ -304,6 +322,8 @@ impl Kernels {
             Path::I8mm => &crate::neon::I8MM,
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => &crate::x86::AVX2,
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512Vnni => &crate::x86::AVX512VNNI,
             #[allow(unreachable_patterns)]
             _ => unreachable!("missing_feature() rejects paths of other architectures"),
         })

@@ -166,3 +166,46 @@ fn quantizers_match_the_reference_on_special_values_on_every_path() {
         check_quantizer_special_values(Kernels::for_path(p).unwrap());
     }
 }
+
+/// A path that only changes how the integer block sums are computed (`avx512vnni` over
+/// `avx2`) must give its base path's bits, on the shapes of `check_agree`.
+fn check_same_bits<W: WeightFormat>(a: &Kernels, b: &Kernels) {
+    for (rows, nb, n_tok) in [
+        (1, 1, 1),
+        (13, 3, 7),
+        (19, 37, 5),
+        (33, 18, 64),
+        (9, 700, 13),
+        // More tokens than the repacked products take per chunk of 64 blocks.
+        (9, 130, 70),
+    ] {
+        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 3 + nb) as u64));
+        let x: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));
+        let (mut oa, mut ob) = (vec![f32::NAN; rows * n_tok], vec![f32::NAN; rows * n_tok]);
+        W::matmul(a)(&w, &x, n_tok, &mut oa);
+        W::matmul(b)(&w, &x, n_tok, &mut ob);
+        let (pa, pb) = (a.path, b.path);
+        for (i, (u, v)) in oa.iter().zip(&ob).enumerate() {
+            assert_eq!(
+                u.to_bits(),
+                v.to_bits(),
+                "{pa} vs {pb}, {} {rows}x{nb}x{n_tok} at {i}",
+                W::NAME
+            );
+        }
+    }
+}
+
+#[test]
+fn avx512vnni_gives_the_bits_of_avx2() {
+    let (Ok(a), Ok(b)) = (
+        Kernels::for_path(Path::Avx2),
+        Kernels::for_path(Path::Avx512Vnni),
+    ) else {
+        eprintln!("kernels_neon: avx512vnni not available here; nothing to compare");
+        return;
+    };
+    check_same_bits::<BlockQ4_0>(a, b);
+    check_same_bits::<BlockQ4_1>(a, b);
+    check_same_bits::<BlockQ8_0>(a, b);
+}

@@ -165,11 +165,54 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
     }
 }
 
-/// `[row][tok]` → `[tok][row]`.
+/// `[row][tok]` → `[tok][row]`, in square tiles, each written one output line at a time (the
+/// plain double loop, and tiles walked along the input, stored to a new line per element and
+/// took ~7 % of prompt processing; with 1536 rows the lines of a tile also fell into two L1
+/// sets).
 pub fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
-    for r in 0..rows {
-        for t in 0..n_tok {
-            dst[t * rows + r] = src[r * n_tok + t];
+    const TILE: usize = 16;
+    let (src, dst) = (&src[..rows * n_tok], &mut dst[..rows * n_tok]);
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for t0 in (0..n_tok).step_by(TILE) {
+            let t1 = (t0 + TILE).min(n_tok);
+            for t in t0..t1 {
+                let d = &mut dst[t * rows + r0..t * rows + r1];
+                for (r, o) in (r0..r1).zip(d) {
+                    *o = src[r * n_tok + t];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transpose_into;
+
+    #[test]
+    fn transpose_matches_the_definition_on_ragged_shapes() {
+        for (rows, n_tok) in [
+            (1, 1),
+            (1, 37),
+            (37, 1),
+            (16, 16),
+            (17, 33),
+            (576, 64),
+            (5, 130),
+        ] {
+            let src: Vec<f32> = (0..rows * n_tok).map(|i| i as f32).collect();
+            let mut dst = vec![-1.0; rows * n_tok];
+            transpose_into(&src, rows, n_tok, &mut dst);
+            for r in 0..rows {
+                for t in 0..n_tok {
+                    assert_eq!(
+                        dst[t * rows + r],
+                        src[r * n_tok + t],
+                        "{rows}x{n_tok} r{r} t{t}"
+                    );
+                }
+            }
         }
     }
 }

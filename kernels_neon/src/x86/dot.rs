@@ -40,6 +40,9 @@ pub(super) trait Fmt {
     unsafe fn prep_a(a: &Self::A) -> Self::AP;
     /// The group's integer sums, half reduced.
     unsafe fn isum_group(g: &Self::GP, a: &Self::AP) -> __m256i;
+    /// [`Fmt::isum_group`] through `vpdpbusd`, with the same result. Callers must also run
+    /// on a CPU with avx512vnni and avx512vl (see [`dpbusd`]).
+    unsafe fn isum_group_vnni(g: &Self::GP, a: &Self::AP) -> __m256i;
     /// Two groups' half-reduced sums → 8 lanes of block sums in the order of `LANES`.
     unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i;
     fn w_d(w: &Self::W) -> f16;
@@ -115,6 +118,55 @@ fn isum_q4(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
     _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b1011_0001>(t))
 }
 
+/// `acc + sum(u8(a[4k..4k+4]) * i8(b[4k..4k+4]))` in each i32 lane `k`: `vpdpbusd` (AVX-512
+/// VNNI on 256-bit registers, EVEX-encoded). Exact, with no i16 intermediate, so it gives
+/// what `madd(maddubs(a, b), 1)` gives wherever `maddubs` does not saturate, plus `acc`.
+///
+/// Written as `asm!` because AVX-512 intrinsics and `target_feature`s need Rust 1.89 and the
+/// crate builds with 1.88; the register class `ymm_reg` (without avx512f enabled) only hands
+/// out ymm0-15, which the EVEX form encodes like VEX registers.
+///
+/// # Safety
+/// The CPU must have avx512vnni and avx512vl (runtime-detected: only the `avx512vnni` table
+/// reaches this), besides the features of the enclosing function.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees avx512vnni and avx512vl; the instruction only reads and
+    // writes the three registers (no memory, stack or flags).
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {acc}, {a}, {b}",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    acc
+}
+
+/// [`isum_q4`] through [`dpbusd`]: each row's low and high halves accumulated in i32 lanes
+/// directly (`[a0 a1 a2 a3 | b..]`, as `madd` gives them), then the same reduction.
+///
+/// # Safety
+/// As [`dpbusd`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn isum_q4_vnni(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
+    let z = _mm256_setzero_si256();
+    // SAFETY: the caller guarantees avx512vnni and avx512vl.
+    let (ab, cd) = unsafe {
+        (
+            dpbusd(dpbusd(z, g[0], *ylo), g[1], *yhi),
+            dpbusd(dpbusd(z, g[2], *ylo), g[3], *yhi),
+        )
+    };
+    let t = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b1011_0001>(t))
+}
+
 /// `[A A C C | B B D D]` of two groups → `[A E C G | B F D H]`.
 const Q4_LANES: [[usize; 8]; 2] = [[0, 0, 2, 2, 1, 1, 3, 3], [0, 4, 2, 6, 1, 5, 3, 7]];
 
@@ -135,6 +187,12 @@ macro_rules! q4_common {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn isum_group(g: &[__m256i; 4], a: &(__m256i, __m256i)) -> __m256i {
             isum_q4(g, a)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn isum_group_vnni(g: &[__m256i; 4], a: &(__m256i, __m256i)) -> __m256i {
+            // SAFETY: the caller guarantees avx512vnni and avx512vl (trait contract).
+            unsafe { isum_q4_vnni(g, a) }
         }
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -267,19 +325,16 @@ impl Fmt for Q8_0 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn isum_group(g: &[(__m256i, __m256i); 4], y: &__m256i) -> __m256i {
         let ones = _mm256_set1_epi16(1);
-        let p = g.map(|(ax, x)| {
+        q8_reduce(g.map(|(ax, x)| {
             _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(*y, x)), ones)
-        });
-        // [a0 a1 a2 a3 | ..] x4 → [a0+a2 b0+b2 a1+a3 b1+b3 | ..] → [a b c d | a' b' c' d'].
-        let ab = _mm256_add_epi32(
-            _mm256_unpacklo_epi32(p[0], p[1]),
-            _mm256_unpackhi_epi32(p[0], p[1]),
-        );
-        let cd = _mm256_add_epi32(
-            _mm256_unpacklo_epi32(p[2], p[3]),
-            _mm256_unpackhi_epi32(p[2], p[3]),
-        );
-        _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+        }))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group_vnni(g: &[(__m256i, __m256i); 4], y: &__m256i) -> __m256i {
+        let z = _mm256_setzero_si256();
+        // SAFETY: the caller guarantees avx512vnni and avx512vl (trait contract).
+        q8_reduce(g.map(|(ax, x)| unsafe { dpbusd(z, ax, _mm256_sign_epi8(*y, x)) }))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -314,5 +369,174 @@ impl Fmt for Q8_0 {
     #[inline]
     fn as_corr(_: &f32) -> i32 {
         0
+    }
+}
+
+/// Q8_0 × Q8_0 through `vpdpbusd`, without the sign trick: the weights offset to unsigned
+/// (`x ^ 0x80` is `x + 128` as u8), `sum((x + 128) * y) - 128 * sum(y)`, the correction once
+/// per activation block for all rows (as Q4_0's). Exact for any weights and activations
+/// (`|sum| <= 32 * 255 * 128`), so the same sums as [`Q8_0`]'s; a group is 4 registers instead
+/// of 8, and a token needs no `sign` per row.
+///
+/// All of this type's `unsafe fn`s (not only [`Fmt::isum_group_vnni`]) need avx512vnni and
+/// avx512vl besides the AVX2 set: it is only used by the `avx512vnni` table.
+pub(super) struct Q8_0Vnni;
+
+impl Fmt for Q8_0Vnni {
+    type W = BlockQ8_0;
+    type A = BlockQ8_0;
+    type GP = [__m256i; 4];
+    type AP = __m256i;
+    const HAS_MIN: bool = false;
+    const HAS_CORR: bool = true;
+    const LANES: [[usize; 8]; 2] = Q8_0::LANES;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_group(w: [&BlockQ8_0; 4]) -> [__m256i; 4] {
+        let bias = _mm256_set1_epi8(-128);
+        w.map(|b| _mm256_xor_si256(load_i8x32(&b.qs), bias))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_a(a: &BlockQ8_0) -> __m256i {
+        load_i8x32(&a.qs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group(g: &[__m256i; 4], y: &__m256i) -> __m256i {
+        // SAFETY: the caller guarantees avx512vnni and avx512vl (this type's contract).
+        unsafe { Self::isum_group_vnni(g, y) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group_vnni(g: &[__m256i; 4], y: &__m256i) -> __m256i {
+        let z = _mm256_setzero_si256();
+        // SAFETY: the caller guarantees avx512vnni and avx512vl (trait contract).
+        q8_reduce(g.map(|xu| unsafe { dpbusd(z, xu, *y) }))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i {
+        // SAFETY: same features as this function's.
+        unsafe { Q8_0::combine(h0, h1) }
+    }
+    #[inline]
+    fn w_d(w: &BlockQ8_0) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+    /// `(d, 128 * sum(y))`.
+    type AS = (f32, i32);
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_0) -> (f32, i32) {
+        (
+            f16_to_f32(a.d),
+            128 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>(),
+        )
+    }
+    #[inline]
+    fn as_d(s: &(f32, i32)) -> f32 {
+        s.0
+    }
+    #[inline]
+    fn as_s(_: &(f32, i32)) -> f32 {
+        0.0
+    }
+    #[inline]
+    fn as_corr(s: &(f32, i32)) -> i32 {
+        s.1
+    }
+}
+
+/// Four rows' i32 partial sums (`[a0 a1 a2 a3 | a4..a7]` each) → `[a b c d | a' b' c' d']`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_reduce(p: [__m256i; 4]) -> __m256i {
+    // [a0 a1 a2 a3 | ..] x4 → [a0+a2 b0+b2 a1+a3 b1+b3 | ..] → [a b c d | a' b' c' d'].
+    let ab = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[0], p[1]),
+        _mm256_unpackhi_epi32(p[0], p[1]),
+    );
+    let cd = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[2], p[3]),
+        _mm256_unpackhi_epi32(p[2], p[3]),
+    );
+    _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+}
+
+/// A format with its integer sums through `vpdpbusd` ([`Fmt::isum_group_vnni`]) and
+/// everything else as `F`: the same results, for the `avx512vnni` table.
+pub(super) struct Vnni<F>(std::marker::PhantomData<F>);
+
+impl<F: Fmt> Fmt for Vnni<F> {
+    type W = F::W;
+    type A = F::A;
+    type GP = F::GP;
+    type AP = F::AP;
+    const HAS_MIN: bool = F::HAS_MIN;
+    const HAS_CORR: bool = F::HAS_CORR;
+    const LANES: [[usize; 8]; 2] = F::LANES;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_group(w: [&Self::W; 4]) -> Self::GP {
+        // SAFETY: same contract as `F`'s.
+        unsafe { F::prep_group(w) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_a(a: &Self::A) -> Self::AP {
+        // SAFETY: same contract as `F`'s.
+        unsafe { F::prep_a(a) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group(g: &Self::GP, a: &Self::AP) -> __m256i {
+        // SAFETY: this type's tables run only where avx512vnni and avx512vl were detected.
+        unsafe { F::isum_group_vnni(g, a) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum_group_vnni(g: &Self::GP, a: &Self::AP) -> __m256i {
+        // SAFETY: same contract as `F`'s.
+        unsafe { F::isum_group_vnni(g, a) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn combine(h0: __m256i, h1: __m256i) -> __m256i {
+        // SAFETY: same contract as `F`'s.
+        unsafe { F::combine(h0, h1) }
+    }
+    #[inline]
+    fn w_d(w: &Self::W) -> f16 {
+        F::w_d(w)
+    }
+    #[inline]
+    fn w_m(w: &Self::W) -> f16 {
+        F::w_m(w)
+    }
+    type AS = F::AS;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &Self::A) -> Self::AS {
+        // SAFETY: same contract as `F`'s.
+        unsafe { F::a_scalars(a) }
+    }
+    #[inline]
+    fn as_d(s: &Self::AS) -> f32 {
+        F::as_d(s)
+    }
+    #[inline]
+    fn as_s(s: &Self::AS) -> f32 {
+        F::as_s(s)
+    }
+    #[inline]
+    fn as_corr(s: &Self::AS) -> i32 {
+        F::as_corr(s)
     }
 }
