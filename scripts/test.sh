@@ -25,6 +25,17 @@ ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
 # So is a session snapshot, for the aarch64 run to restore and continue.
 kv_x86="$PWD/target/kv-snapshot-$(uname -m)"
 rm -rf "$kv_x86"
+# The kernel paths this CPU must offer, from its flags, so that a detection bug cannot turn
+# the native kernel tests into a walk of the reference path only.
+expect=
+if [ "$(uname -m)" = x86_64 ]; then
+    flags=$(grep -m1 '^flags' /proc/cpuinfo)
+    has() { for f in "$@"; do [[ " $flags " == *" $f "* ]] || return 1; done; }
+    has avx2 fma f16c && expect=avx2
+    has avx2 fma f16c avx512_vnni avx512vl && expect=avx2,avx512vnni
+fi
+echo "native kernel paths expected: ${expect:-(none beyond reference/portable)}"
+EDGELLM_EXPECT_PATHS=$expect \
 EDGELLM_IDS_OUT="$ids_x86" EDGELLM_KV_OUT="$kv_x86" cargo test --workspace
 
 step "benches compile"
