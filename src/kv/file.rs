@@ -110,7 +110,8 @@ impl SnapshotFile {
         &self.tokens
     }
 
-    /// Restores the file's positions into `kv` (which must have this snapshot's shape) and
+    /// Restores the file's positions into `kv` (which must have this snapshot's layers, width
+    /// and type, and a context no longer than the file's) and
     /// returns the torn tail that was dropped, if any. A missing file restores nothing. The file
     /// is streamed one record at a time (at most [`MAX_RECORD_POSITIONS`] positions for the
     /// files we write), so a restore needs little memory beyond the cache. On error `kv` may
@@ -128,19 +129,16 @@ impl SnapshotFile {
         f.read_exact(&mut buf).map_err(io)?;
         let g = snapshot::decode_header(&buf)?;
         g.check_matches(&self.geometry)?;
-        let cache_shape = (kv.n_layer(), kv.kv_dim(), kv.ty(), kv.n_ctx());
-        if cache_shape
-            != (
-                g.n_layer as usize,
-                g.kv_dim as usize,
-                g.dtype,
-                g.n_ctx as usize,
-            )
+        // The cache may be shorter than the file's context (a cached prefix holds only its
+        // own positions); rows past its end are refused below.
+        let cache_shape = (kv.n_layer(), kv.kv_dim(), kv.ty());
+        if cache_shape != (g.n_layer as usize, g.kv_dim as usize, g.dtype)
+            || kv.n_ctx() > g.n_ctx as usize
         {
             return Err(KvError::Mismatch {
                 field: "cache shape",
                 file: format!("{:?}", (g.n_layer, g.kv_dim, g.dtype, g.n_ctx)),
-                expected: format!("{cache_shape:?}"),
+                expected: format!("{:?}", (cache_shape, kv.n_ctx())),
             });
         }
         let max = max_file_len(&g);
@@ -157,8 +155,16 @@ impl SnapshotFile {
             buf.resize(head, 0);
             f.read_exact(&mut buf).map_err(io)?;
             let extent = snapshot::record_extent(&g, &buf, rest) as usize;
-            buf.resize(extent.max(head), 0);
-            f.read_exact(&mut buf[head..]).map_err(io)?;
+            // Read the rest into spare capacity (no zero-fill of megabytes first).
+            let want = extent.max(head) - head;
+            buf.reserve(want);
+            let got = (&mut f)
+                .take(want as u64)
+                .read_to_end(&mut buf)
+                .map_err(io)?;
+            if got != want {
+                return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
             match snapshot::check_record(&g, &buf, at, rest, tokens.len()) {
                 Ok(rec) => {
                     if !kv.read_rows(rec.info.first as usize, &buf[rec.info.kv.clone()]) {

@@ -4,7 +4,7 @@
 use super::{PREFIXES, SessionStore, Source, StoreError, common_prefix};
 use crate::engine::Engine;
 use crate::kv::file::{self, SnapshotFile};
-use crate::kv::{Geometry, KvCache, SaveKind};
+use crate::kv::{Geometry, KvCache};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::time::Instant;
@@ -83,24 +83,26 @@ impl SessionStore {
                 super::MAX_PREFIXES
             )));
         }
-        // Work in a session slot (a prefix file has the engine's context, like a session's).
-        let i = self.free_slot(engine);
+        // Restored straight into a cache just long enough for it.
+        let hp = &engine.model().hp;
+        let mut kv = KvCache::new(
+            hp.n_layer,
+            tokens.len(),
+            hp.n_head_kv,
+            hp.head_dim,
+            engine.config().kv_type,
+        );
         let path = self.dir.join(PREFIXES).join(format!("{name}.kv"));
         let mut f = SnapshotFile::new(&path, self.geometry.clone());
-        let slot = &mut self.slots[i];
-        slot.session.truncate(0);
-        let (source, save_error) = match f.load(&mut slot.session.kv) {
-            Ok(None) if f.tokens() == tokens => {
-                slot.session.restore_tokens(tokens);
-                (
-                    Source::File {
-                        tokens: tokens.len(),
-                        torn_tail: false,
-                        recomputed: 0,
-                    },
-                    None,
-                )
-            }
+        let (source, save_error) = match f.load(&mut kv) {
+            Ok(None) if f.tokens() == tokens => (
+                Source::File {
+                    tokens: tokens.len(),
+                    torn_tail: false,
+                    recomputed: 0,
+                },
+                None,
+            ),
             loaded => {
                 let source = match loaded {
                     Ok(_) if !path.exists() => Source::New,
@@ -119,11 +121,14 @@ impl SessionStore {
                         Source::Refused { why, recomputed: 0 }
                     }
                 };
+                // Computed in a session slot: a prefix file has the engine's context, like a
+                // session's, so that it is saved from a cache of that shape.
+                let i = self.free_slot(engine);
+                let slot = &mut self.slots[i];
                 slot.session.truncate(0);
                 engine.feed(&mut slot.session, tokens)?;
                 let save_error = match f.save(&slot.session.kv, tokens) {
-                    Ok(SaveKind::Rewritten { .. } | SaveKind::Appended { .. }) => None,
-                    Ok(SaveKind::Unchanged) => None,
+                    Ok(_) => None,
                     Err(e) => {
                         self.status.save_failures += 1;
                         self.status.last_error = Some(e.to_string());
@@ -131,21 +136,12 @@ impl SessionStore {
                         Some(e.to_string())
                     }
                 };
+                let copied = kv.copy_prefix_from(&slot.session.kv, tokens.len());
+                debug_assert!(copied, "prefix cache has the session's shape");
+                slot.session.truncate(0);
                 (source, save_error)
             }
         };
-        let hp = &engine.model().hp;
-        let mut kv = KvCache::new(
-            hp.n_layer,
-            tokens.len(),
-            hp.n_head_kv,
-            hp.head_dim,
-            engine.config().kv_type,
-        );
-        let slot = &mut self.slots[i];
-        let copied = kv.copy_prefix_from(&slot.session.kv, tokens.len());
-        debug_assert!(copied, "prefix cache has the session's shape");
-        slot.session.truncate(0);
         self.prefixes.push(Prefix {
             name: name.clone(),
             tokens: tokens.to_vec(),
