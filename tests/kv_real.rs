@@ -7,14 +7,20 @@ use serde_json::Value;
 use std::process::Command;
 
 fn run(m: &str, prompt: &str, n: &str, session: Option<&str>) -> Value {
-    let mut args = vec![
-        "run", "-m", m, "--chat", "--prompt", prompt, "-n", n, "--json", "-c", "256",
-    ];
+    let mut extra = vec![];
     if let Some(s) = session {
-        args.extend(["--session-file", s]);
+        extra = vec!["--session-file", s];
     }
+    run_with(m, prompt, n, &extra)
+}
+
+/// `edgellm run --chat … --json -c 256 EXTRA…`, which must succeed; its JSON.
+fn run_with(m: &str, prompt: &str, n: &str, extra: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
-        .args(&args)
+        .args([
+            "run", "-m", m, "--chat", "--prompt", prompt, "-n", n, "--json", "-c", "256",
+        ])
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -54,33 +60,7 @@ fn a_restored_chat_session_answers_as_a_fresh_run() {
 }
 
 fn run_state(m: &str, prompt: &str, dir: &str, session: &str) -> Value {
-    let args = [
-        "run",
-        "-m",
-        m,
-        "--chat",
-        "--prompt",
-        prompt,
-        "-n",
-        "8",
-        "--json",
-        "-c",
-        "256",
-        "--state-dir",
-        dir,
-        "--session",
-        session,
-    ];
-    let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    run_with(m, prompt, "8", &["--state-dir", dir, "--session", session])
 }
 
 /// `run --state-dir`: the template's system prompt is computed by the first run only and
