@@ -22,6 +22,7 @@ Examples:
   edgellm run -m smollm2-135m-q4_0.gguf --chat --prompt 'What is the boiling point of water?'
   edgellm run -m model.gguf --prompt 'Once upon a time' -n 64 --temp 0.8 --seed 7
   edgellm run -m model.gguf --prompt-file req.txt --json --top-logits 5
+  edgellm run -m model.gguf --chat --prompt 'Status?' --state-dir /var/lib/edgellm --session plc-7
 
 With --json, one object is printed at the end: prompt_ids, generated_ids (with the
 end-of-generation token when generation stopped on one), text, finish_reason, top_logits
@@ -31,7 +32,8 @@ restored, a dropped torn tail, or why the file was refused and where it was move
 (saved, write: appended|rewritten|unchanged, or the error; the answer is printed and the exit
 status is 0 even when saving fails). With --state-dir, \"session\" reports where the session
 came from (source: ram|file|new|refused|unreadable), prefix_tokens taken from the cached system
-prompt, the save, the store's status and the system prompt's cache entry. Errors go to stderr with a non-zero exit status.")]
+prompt, the save, the store's status and the system prompt's cache entry. Errors go to stderr
+with a non-zero exit status.")]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
