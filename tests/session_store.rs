@@ -454,3 +454,45 @@ fn a_snapshot_restores_and_continues_identically_on_another_architecture() {
         g2.len()
     );
 }
+
+/// A crafted file whose checksums hold but whose token ids are outside the vocabulary: the
+/// salvage cannot recompute them, the session starts empty and answers, and its save goes to
+/// its own file, never to the file of the session that had its slot before.
+#[test]
+fn a_crafted_file_with_foreign_token_ids_is_answered_from_scratch_and_saved_to_itself() {
+    use edgellm::kv::Geometry;
+    use edgellm::kv::snapshot::{encode_header, encode_record};
+    let m = model();
+    let mut e = engine(&m);
+    let dir = tempfile::tempdir().unwrap();
+    let mut st = open(&e, dir.path(), 1, u64::MAX);
+    turn(&mut st, &mut e, "a", &prompt(10, 1));
+    let a_file = st.session_path(&id("a"));
+    let a_bytes = std::fs::read(&a_file).unwrap();
+
+    let g = Geometry::of(&m, CTX, KvType::F16);
+    let bad: Vec<u32> = vec![300, 301, 4_000_000_000];
+    let rows = vec![0u8; g.kv_bytes(3).unwrap() as usize];
+    let mut b = encode_header(&g).to_vec();
+    encode_record(&g, 0, &bad, &rows, &mut b);
+    let first_end = b.len();
+    encode_record(&g, 3, &bad, &rows, &mut b);
+    b[first_end - 10] ^= 1; // the first record's rows: corruption, not a torn tail
+    std::fs::write(st.session_path(&id("b")), &b).unwrap();
+
+    let p = prompt(8, 2);
+    let (g_b, r) = turn(&mut st, &mut e, "b", &p);
+    assert!(
+        matches!(&r.source, Source::Refused { recomputed: 0, .. }),
+        "{r:?}"
+    );
+    assert_eq!(g_b, fresh(&mut e, &p));
+    assert!(matches!(r.save, Ok(SaveKind::Rewritten { .. })), "{r:?}");
+    assert_eq!(
+        std::fs::read(&a_file).unwrap(),
+        a_bytes,
+        "a's file was written"
+    );
+    let (_, rep) = turn(&mut st, &mut e, "b", &p);
+    assert_eq!(rep.source, Source::Ram);
+}

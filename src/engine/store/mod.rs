@@ -305,6 +305,8 @@ impl SessionStore {
         slot.id = Some(id.clone());
         slot.last_used = self.clock;
         slot.saved = true;
+        // Never the previous occupant's file, whatever happens below.
+        slot.file = None;
         slot.session.truncate(0);
         let source = match f.load(&mut slot.session.kv) {
             Ok(torn) if f.tokens().is_empty() && torn.is_none() && !path.exists() => Source::New,
@@ -318,8 +320,7 @@ impl SessionStore {
                     let salvaged = file::salvage_tokens(&path, &self.geometry);
                     if let Some(rest) = salvaged.strip_prefix(f.tokens()).filter(|r| !r.is_empty())
                     {
-                        engine.feed(&mut slot.session, rest)?;
-                        recomputed = rest.len();
+                        recomputed = recompute(engine, &mut slot.session, rest, id);
                         slot.saved = false;
                     }
                 }
@@ -352,12 +353,9 @@ impl SessionStore {
                 }
                 f = SnapshotFile::new(&path, self.geometry.clone());
                 slot.saved = false;
-                if !salvaged.is_empty() {
-                    engine.feed(&mut slot.session, &salvaged)?;
-                }
                 Source::Refused {
                     why: e.to_string(),
-                    recomputed: salvaged.len(),
+                    recomputed: recompute(engine, &mut slot.session, &salvaged, id),
                 }
             }
         };
@@ -530,6 +528,24 @@ fn remove_stale_temporaries(dir: &Path) {
                     tracing::warn!(file = %p.display(), "cannot remove stale temporary: {err}")
                 }
             }
+        }
+    }
+}
+
+/// Feeds `tokens` salvaged from a damaged file after what the session holds; returns how many
+/// were computed. Token ids are covered by a checksum, not checked against the vocabulary: a
+/// crafted file can hold ids the engine refuses, and then the session keeps what it had.
+fn recompute(engine: &mut Engine, s: &mut Session, tokens: &[u32], id: &SessionId) -> usize {
+    if tokens.is_empty() {
+        return 0;
+    }
+    let keep = s.tokens().len();
+    match engine.feed(s, tokens) {
+        Ok(_) => tokens.len(),
+        Err(e) => {
+            tracing::warn!(session = %id, "salvaged tokens not recomputed: {e}");
+            s.truncate(keep);
+            0
         }
     }
 }
