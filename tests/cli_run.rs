@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::json_of;
+
 use serde_json::Value;
 use std::process::{Command, Output};
 
@@ -19,16 +21,6 @@ fn edgellm(args: &[&str], stdin: Option<&str>) -> Output {
     }
     drop(child.stdin.take());
     child.wait_with_output().unwrap()
-}
-
-fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "edgellm failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn ids(v: &Value) -> Vec<u64> {

@@ -1,6 +1,9 @@
 //! `edgellm run --session-file` and `edgellm kv inspect|verify` on a tiny synthetic model.
 
-use edgellm::model::synth::{SynthSpec, synth_model_bytes};
+mod common;
+
+use common::json_of;
+use edgellm::model::synth::SynthSpec;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -12,44 +15,10 @@ fn edgellm(args: &[&str]) -> Output {
         .expect("spawn edgellm")
 }
 
-/// A synthetic model whose vocabulary holds the printable ASCII characters (ids 3..97), so
-/// that `--prompt` text tokenizes one character per token.
-fn model_bytes(spec: &SynthSpec) -> Vec<u8> {
-    use edgellm::gguf::{Array, Gguf, GgufWriter};
-    let g = Gguf::from_bytes("synth.gguf", synth_model_bytes(spec)).unwrap();
-    let mut w = GgufWriter::new();
-    w.set_all(g.metadata());
-    let tokens: Vec<String> = (0..spec.n_vocab)
-        .map(|i| match i {
-            0 => "<|endoftext|>".to_string(),
-            1 => "<|im_start|>".to_string(),
-            2 => "<|im_end|>".to_string(),
-            3..97 => char::from(b'!' + (i - 3) as u8).to_string(),
-            _ => format!("x{i}"),
-        })
-        .collect();
-    w.set_array("tokenizer.ggml.tokens", Array::String(tokens));
-    for t in g.tensors() {
-        w.add_tensor(&t.name, t.ty, &t.dims, g.tensor_data(t).to_vec())
-            .unwrap();
-    }
-    w.to_bytes().unwrap()
-}
-
 fn model(dir: &Path) -> String {
     let p = dir.join("synth.gguf");
-    std::fs::write(&p, model_bytes(&SynthSpec::default())).unwrap();
+    std::fs::write(&p, common::ascii_synth_model_bytes(&SynthSpec::default())).unwrap();
     p.to_str().unwrap().to_string()
-}
-
-fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "edgellm failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn run_json(m: &str, prompt: &str, n: usize, session: Option<&Path>) -> Value {
@@ -207,7 +176,7 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
     let other = dir.path().join("other.gguf");
     std::fs::write(
         &other,
-        model_bytes(&SynthSpec {
+        common::ascii_synth_model_bytes(&SynthSpec {
             seed: 9,
             ..Default::default()
         }),

@@ -6,8 +6,10 @@
 //! refused; and the next run restores or recomputes, never crashes, and answers exactly as a
 //! run without a session file.
 
+mod common;
+
 use edgellm::kv::file;
-use edgellm::model::synth::{SynthSpec, synth_model_bytes};
+use edgellm::model::synth::SynthSpec;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,7 +20,6 @@ const TRIALS: usize = 120;
 /// A synthetic model with a big enough cache that a save takes a while, and whose vocabulary
 /// holds the printable ASCII characters (ids 3..97).
 fn model(dir: &Path) -> String {
-    use edgellm::gguf::{Array, Gguf, GgufWriter};
     let spec = SynthSpec {
         n_layer: 4,
         n_embd: 256,
@@ -27,23 +28,8 @@ fn model(dir: &Path) -> String {
         n_ff: 256,
         ..Default::default()
     };
-    let g = Gguf::from_bytes("synth.gguf", synth_model_bytes(&spec)).unwrap();
-    let mut w = GgufWriter::new();
-    w.set_all(g.metadata());
-    let tokens: Vec<String> = (0..spec.n_vocab)
-        .map(|i| match i {
-            0..3 => ["<|endoftext|>", "<|im_start|>", "<|im_end|>"][i].to_string(),
-            3..97 => char::from(b'!' + (i - 3) as u8).to_string(),
-            _ => format!("x{i}"),
-        })
-        .collect();
-    w.set_array("tokenizer.ggml.tokens", Array::String(tokens));
-    for t in g.tensors() {
-        w.add_tensor(&t.name, t.ty, &t.dims, g.tensor_data(t).to_vec())
-            .unwrap();
-    }
     let p = dir.join("synth.gguf");
-    std::fs::write(&p, w.to_bytes().unwrap()).unwrap();
+    std::fs::write(&p, common::ascii_synth_model_bytes(&spec)).unwrap();
     p.to_str().unwrap().to_string()
 }
 

@@ -90,3 +90,37 @@ pub fn model_path(quant: &str) -> PathBuf {
     fetched.insert(quant.to_string(), p.clone());
     p
 }
+
+/// A tiny synthetic model (`synth_model_bytes(spec)`) whose vocabulary holds the printable
+/// ASCII characters at ids 3..97, so that `--prompt` text tokenizes one character per token.
+pub fn ascii_synth_model_bytes(spec: &edgellm::model::synth::SynthSpec) -> Vec<u8> {
+    use edgellm::gguf::{Array, Gguf, GgufWriter};
+    let bytes = edgellm::model::synth::synth_model_bytes(spec);
+    let g = Gguf::from_bytes("synth.gguf", bytes).unwrap();
+    let mut w = GgufWriter::new();
+    w.set_all(g.metadata());
+    let tokens: Vec<String> = (0..spec.n_vocab)
+        .map(|i| match i {
+            0..3 => ["<|endoftext|>", "<|im_start|>", "<|im_end|>"][i].to_string(),
+            3..97 => char::from(b'!' + (i - 3) as u8).to_string(),
+            _ => format!("x{i}"),
+        })
+        .collect();
+    w.set_array("tokenizer.ggml.tokens", Array::String(tokens));
+    for t in g.tensors() {
+        w.add_tensor(&t.name, t.ty, &t.dims, g.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    w.to_bytes().unwrap()
+}
+
+/// An edgellm run's standard output as JSON; the run must have succeeded.
+pub fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "edgellm failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
