@@ -1,8 +1,9 @@
 //! `edgellm bench --restore` on a tiny synthetic model: it reports both times to first token
 //! and what each turn wrote, and the bytes are exactly the snapshot format's record sizes.
 
+mod common;
+
 use edgellm::model::synth::{SynthSpec, synth_model_bytes};
-use serde_json::Value;
 use std::process::Command;
 
 #[test]
@@ -27,12 +28,7 @@ fn bench_restore_reports_ttft_and_the_exact_bytes_each_turn_writes() {
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json_of(&out);
     assert_eq!(v["system_tokens"], 40);
     assert_eq!(v["prompt_tokens"], 56);
     for k in ["cold_ttft_ms", "restored_ttft_ms", "speedup"] {

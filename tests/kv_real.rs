@@ -23,12 +23,7 @@ fn run_with(m: &str, prompt: &str, n: &str, extra: &[&str]) -> Value {
         .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json_of(&out)
 }
 
 #[test]
