@@ -55,6 +55,49 @@ impl Timing {
 /// A peer that adds its rows for a shape: `(weights, f32 activations, timing, table)`.
 type Peer<W> = fn(&[W], &[f32], &Timing, &mut Vec<Row>);
 
+/// The packed layout's rows: every path with packed products, on the same weights packed.
+fn packed_rows<P: PackedWeightFormat>(kernel: &'static str, t: &Timing, rows_out: &mut Vec<Row>)
+where
+    P::Row: WeightFormat,
+{
+    let paths: Vec<(&Kernels, PackedKernels)> = Path::available()
+        .into_iter()
+        .filter_map(|p| {
+            let k = Kernels::for_path(p).unwrap();
+            k.packed.map(|pk| (k, pk))
+        })
+        .collect();
+    if paths.is_empty() {
+        return;
+    }
+    for (s, &(rows, cols, _)) in MATVEC_SHAPES.iter().enumerate() {
+        let w: Vec<P::Row> = weight_matrix(rows, cols, 100 + s as u64);
+        let nb = cols / 32;
+        let mut pw = vec![P::default(); w.len() / PACK_ROWS];
+        pack_matrix(&w, nb, &mut pw);
+        let x = f32_vec(cols, 200 + s as u64, 1.0);
+        let a: Vec<<P::Row as BlockFormat>::Activation> = quant(&x);
+        let mut out = vec![0.0f32; rows];
+        let bytes = bytes_of(&pw);
+        let mut cold = ColdSet::with_total(&pw, t.cold_total);
+        for (k, pk) in &paths {
+            let mv = P::matvec(pk);
+            let hot = t.time(|| mv(black_box(&pw), black_box(&a), black_box(&mut out)));
+            let cold_s = t.time(|| mv(black_box(cold.next()), black_box(&a), black_box(&mut out)));
+            for (is_cold, secs) in [(false, hot), (true, cold_s)] {
+                rows_out.push(Row {
+                    kernel,
+                    path: format!("{} packed", k.name()),
+                    shape: (rows, cols),
+                    cold: is_cold,
+                    bytes,
+                    secs,
+                });
+            }
+        }
+    }
+}
+
 fn matvec_rows<W: WeightFormat>(
     kernel: &'static str,
     peer: Option<Peer<W>>,
@@ -190,6 +233,9 @@ fn main() {
     matvec_rows::<BlockQ4_0>("matvec_q4_0_q8_0", q4_0_peer(), &t, &mut rows);
     matvec_rows::<BlockQ4_1>("matvec_q4_1_q8_1", None, &t, &mut rows);
     matvec_rows::<BlockQ8_0>("matvec_q8_0_q8_0", None, &t, &mut rows);
+    packed_rows::<BlockQ4_0x8>("matvec_q4_0x8_q8_0", &t, &mut rows);
+    packed_rows::<BlockQ4_1x8>("matvec_q4_1x8_q8_1", &t, &mut rows);
+    packed_rows::<BlockQ8_0x8>("matvec_q8_0x8_q8_0", &t, &mut rows);
     let (bw1_after, bwn_after) = probe();
     let (bw1, bwn) = (bw1_before.max(bw1_after), bwn_before.max(bwn_after));
 

@@ -126,3 +126,161 @@ pub fn f32_to_f16_row(x: &[f32], y: &mut [f16]) {
         *o = f16::from_f32(*i);
     }
 }
+
+/// Rows per interleaved ("packed") block: eight rows fill the eight i32 lanes of a 256-bit
+/// register, one row per lane.
+pub const PACK_ROWS: usize = 8;
+
+/// Block `b` of eight Q4_0 rows, interleaved in 4-byte granules: `qs[32 * c + 4 * k + i]` is
+/// row `k`'s `qs[4 * c + i]` (`c` in 0..4), `d[k]` row `k`'s scale. One 32-byte load then holds
+/// values `4c..4c+4` (low nibbles) and `4c+16..4c+20` (high nibbles) of all eight rows, so an
+/// integer dot product four bytes wide (`vpdpbusd`, `sdot`) leaves each row's sum in its own
+/// lane with no horizontal reduction, and the eight scales are one 16-byte load. Same bytes
+/// as the eight `BlockQ4_0`s (ggml's `block_q4_0x8` has this shape with another interleave).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ4_0x8 {
+    pub d: [f16; PACK_ROWS],
+    pub qs: [u8; PACK_ROWS * QK4_0 / 2],
+}
+
+/// [`BlockQ4_0x8`] for Q4_1: the same interleave, with the eight offsets `m`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ4_1x8 {
+    pub d: [f16; PACK_ROWS],
+    pub m: [f16; PACK_ROWS],
+    pub qs: [u8; PACK_ROWS * QK4_1 / 2],
+}
+
+/// [`BlockQ4_0x8`] for Q8_0: `qs[32 * c + 4 * k + i]` is row `k`'s `qs[4 * c + i]`, `c` in 0..8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ8_0x8 {
+    pub d: [f16; PACK_ROWS],
+    pub qs: [i8; PACK_ROWS * QK8_0],
+}
+
+const _: () = assert!(size_of::<BlockQ4_0x8>() == 8 * size_of::<BlockQ4_0>());
+const _: () = assert!(size_of::<BlockQ4_1x8>() == 8 * size_of::<BlockQ4_1>());
+const _: () = assert!(size_of::<BlockQ8_0x8>() == 8 * size_of::<BlockQ8_0>());
+
+impl Default for BlockQ4_0x8 {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
+
+impl Default for BlockQ4_1x8 {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
+
+impl Default for BlockQ8_0x8 {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
+
+/// An interleaved layout of a block format: block `b` of rows `8g..8g+8` in one value.
+///
+/// A packed matrix is stored group-major (`[group][block]`), so a product streams it front to
+/// back. Packing moves bytes and nothing else: `unpack(pack(rows), k) == rows[k]`, and a
+/// product over packed weights gives the same bits as the same path's product over the rows.
+pub trait PackedFormat: Pod + Default + Send + Sync + 'static {
+    /// The row format this interleaves.
+    type Row: BlockFormat;
+    /// Interleaves block `b` of eight rows.
+    fn pack(rows: [&Self::Row; PACK_ROWS]) -> Self;
+    /// Row `k`'s block.
+    fn unpack(&self, k: usize) -> Self::Row;
+}
+
+/// Granules of four bytes: `out[32 * c + 4 * k + i] = rows[k][4 * c + i]`.
+fn interleave4<T: Copy>(rows: [&[T]; PACK_ROWS], out: &mut [T]) {
+    let per_row = rows[0].len();
+    for c in 0..per_row / 4 {
+        for (k, row) in rows.iter().enumerate() {
+            out[32 * c + 4 * k..][..4].copy_from_slice(&row[4 * c..][..4]);
+        }
+    }
+}
+
+fn deinterleave4<T: Copy>(packed: &[T], k: usize, out: &mut [T]) {
+    for c in 0..out.len() / 4 {
+        out[4 * c..][..4].copy_from_slice(&packed[32 * c + 4 * k..][..4]);
+    }
+}
+
+impl PackedFormat for BlockQ4_0x8 {
+    type Row = BlockQ4_0;
+    fn pack(rows: [&BlockQ4_0; PACK_ROWS]) -> Self {
+        let mut p = Self::zeroed();
+        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
+        p.d = rows.map(|r| r.d);
+        p
+    }
+    fn unpack(&self, k: usize) -> BlockQ4_0 {
+        let mut b = BlockQ4_0 {
+            d: self.d[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.qs, k, &mut b.qs);
+        b
+    }
+}
+
+impl PackedFormat for BlockQ4_1x8 {
+    type Row = BlockQ4_1;
+    fn pack(rows: [&BlockQ4_1; PACK_ROWS]) -> Self {
+        let mut p = Self::zeroed();
+        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
+        p.d = rows.map(|r| r.d);
+        p.m = rows.map(|r| r.m);
+        p
+    }
+    fn unpack(&self, k: usize) -> BlockQ4_1 {
+        let mut b = BlockQ4_1 {
+            d: self.d[k],
+            m: self.m[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.qs, k, &mut b.qs);
+        b
+    }
+}
+
+impl PackedFormat for BlockQ8_0x8 {
+    type Row = BlockQ8_0;
+    fn pack(rows: [&BlockQ8_0; PACK_ROWS]) -> Self {
+        let mut p = Self::zeroed();
+        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
+        p.d = rows.map(|r| r.d);
+        p
+    }
+    fn unpack(&self, k: usize) -> BlockQ8_0 {
+        let mut b = BlockQ8_0 {
+            d: self.d[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.qs, k, &mut b.qs);
+        b
+    }
+}
+
+/// Packs a row-major matrix of `rows × nb` blocks (`rows` a multiple of [`PACK_ROWS`]) into
+/// `out` (`rows / 8 * nb` blocks, group-major).
+pub fn pack_matrix<P: PackedFormat>(w: &[P::Row], nb: usize, out: &mut [P]) {
+    assert!(
+        nb > 0 && w.len().is_multiple_of(nb * PACK_ROWS) && out.len() == w.len() / PACK_ROWS,
+        "pack_matrix: {} blocks of rows of {nb} into {}",
+        w.len(),
+        out.len()
+    );
+    for (rows, dst) in w.chunks_exact(nb * PACK_ROWS).zip(out.chunks_exact_mut(nb)) {
+        for (b, p) in dst.iter_mut().enumerate() {
+            *p = P::pack(std::array::from_fn(|k| &rows[k * nb + b]));
+        }
+    }
+}

@@ -5,7 +5,10 @@
 //! `EDGELLM_KERNELS=reference|portable|neon|dotprod|i8mm|avx2|avx512vnni` forces a path for A/B runs on a
 //! device; asking for one this CPU cannot run is an error, not a silent fallback.
 
-use crate::block::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
+use crate::block::{
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
+    PackedFormat, f16,
+};
 use crate::reference as r;
 use std::fmt;
 
@@ -250,6 +253,10 @@ pub struct Kernels {
     pub matmul_q4_1_q8_1: MatMulFn<BlockQ4_1, BlockQ8_1>,
     pub matmul_q8_0_q8_0: MatMulFn<BlockQ8_0, BlockQ8_0>,
 
+    /// Products over weights interleaved 8 rows at a time, when this path has them: the
+    /// engine then packs its weight matrices at load (see [`PackedKernels`]).
+    pub packed: Option<PackedKernels>,
+
     /// `(x, w, eps, out)`: RMSNorm times the norm weight.
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
@@ -267,6 +274,54 @@ pub struct Kernels {
     pub f16_to_f32_row: fn(&[f16], &mut [f32]),
     pub f32_to_f16_row: fn(&[f32], &mut [f16]),
 }
+
+/// Products over packed weights ([`PackedFormat`]): `w` holds `out.len() / n_tok / 8` groups
+/// of `nb` blocks, `out` is `[row][tok]` as for the unpacked products, and every result is the
+/// same path's unpacked product's, bit for bit (so packing changes no answer).
+#[derive(Clone, Copy)]
+pub struct PackedKernels {
+    pub matvec_q4_0x8_q8_0: MatVecFn<BlockQ4_0x8, BlockQ8_0>,
+    pub matvec_q4_1x8_q8_1: MatVecFn<BlockQ4_1x8, BlockQ8_1>,
+    pub matvec_q8_0x8_q8_0: MatVecFn<BlockQ8_0x8, BlockQ8_0>,
+    pub matmul_q4_0x8_q8_0: MatMulFn<BlockQ4_0x8, BlockQ8_0>,
+    pub matmul_q4_1x8_q8_1: MatMulFn<BlockQ4_1x8, BlockQ8_1>,
+    pub matmul_q8_0x8_q8_0: MatMulFn<BlockQ8_0x8, BlockQ8_0>,
+}
+
+/// The scalar references of the packed products (for tests; no path runs them for speed).
+pub const PACKED_REFERENCE: PackedKernels = PackedKernels {
+    matvec_q4_0x8_q8_0: r::matvec_packed_ref::<BlockQ4_0x8>,
+    matvec_q4_1x8_q8_1: r::matvec_packed_ref::<BlockQ4_1x8>,
+    matvec_q8_0x8_q8_0: r::matvec_packed_ref::<BlockQ8_0x8>,
+    matmul_q4_0x8_q8_0: r::matmul_packed_ref::<BlockQ4_0x8>,
+    matmul_q4_1x8_q8_1: r::matmul_packed_ref::<BlockQ4_1x8>,
+    matmul_q8_0x8_q8_0: r::matmul_packed_ref::<BlockQ8_0x8>,
+};
+
+/// A weight format with a packed layout: its products in a [`PackedKernels`].
+pub trait PackedWeightFormat: PackedFormat
+where
+    Self::Row: BlockFormat,
+{
+    fn matvec(k: &PackedKernels) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation>;
+    fn matmul(k: &PackedKernels) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation>;
+}
+
+macro_rules! packed_weight_format {
+    ($p:ty, $mv:ident, $mm:ident) => {
+        impl PackedWeightFormat for $p {
+            fn matvec(k: &PackedKernels) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation> {
+                k.$mv
+            }
+            fn matmul(k: &PackedKernels) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation> {
+                k.$mm
+            }
+        }
+    };
+}
+packed_weight_format!(BlockQ4_0x8, matvec_q4_0x8_q8_0, matmul_q4_0x8_q8_0);
+packed_weight_format!(BlockQ4_1x8, matvec_q4_1x8_q8_1, matmul_q4_1x8_q8_1);
+packed_weight_format!(BlockQ8_0x8, matvec_q8_0x8_q8_0, matmul_q8_0x8_q8_0);
 
 impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -290,6 +345,7 @@ pub const REFERENCE: Kernels = Kernels {
     matmul_q4_0_q8_0: r::matmul_ref::<BlockQ4_0>,
     matmul_q4_1_q8_1: r::matmul_ref::<BlockQ4_1>,
     matmul_q8_0_q8_0: r::matmul_ref::<BlockQ8_0>,
+    packed: None,
     rms_norm: r::rms_norm_ref,
     softmax: r::softmax_ref,
     silu_mul: r::silu_mul_ref,

@@ -20,4 +20,6 @@ mod portable;
 mod x86;
 
 pub use block::*;
-pub use dispatch::{KernelError, Kernels, Path, WeightFormat, cpu_features};
+pub use dispatch::{
+    KernelError, Kernels, PackedKernels, PackedWeightFormat, Path, WeightFormat, cpu_features,
+};

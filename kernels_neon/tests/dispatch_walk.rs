@@ -144,6 +144,82 @@ fn check_matmul<W: WeightFormat>(
     }
 }
 
+/// The packed products against the reference, with the matrix products' tolerance (their
+/// bit-identity with the path's own unpacked products is `tests/packed.rs`).
+fn check_packed_kernels(p: Path, pk: &PackedKernels) {
+    // No `..`, as above.
+    let PackedKernels {
+        matvec_q4_0x8_q8_0,
+        matvec_q4_1x8_q8_1,
+        matvec_q8_0x8_q8_0,
+        matmul_q4_0x8_q8_0,
+        matmul_q4_1x8_q8_1,
+        matmul_q8_0x8_q8_0,
+    } = *pk;
+    check_packed::<BlockQ4_0x8>(
+        p,
+        "matvec_q4_0x8_q8_0",
+        &|w, a, _, o| matvec_q4_0x8_q8_0(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ4_1x8>(
+        p,
+        "matvec_q4_1x8_q8_1",
+        &|w, a, _, o| matvec_q4_1x8_q8_1(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ8_0x8>(
+        p,
+        "matvec_q8_0x8_q8_0",
+        &|w, a, _, o| matvec_q8_0x8_q8_0(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ4_0x8>(p, "matmul_q4_0x8_q8_0", &matmul_q4_0x8_q8_0, false);
+    check_packed::<BlockQ4_1x8>(p, "matmul_q4_1x8_q8_1", &matmul_q4_1x8_q8_1, false);
+    check_packed::<BlockQ8_0x8>(p, "matmul_q8_0x8_q8_0", &matmul_q8_0x8_q8_0, false);
+}
+
+type PackedProduct<'f, P> =
+    &'f dyn Fn(&[P], &[<<P as PackedFormat>::Row as BlockFormat>::Activation], usize, &mut [f32]);
+
+fn check_packed<P: PackedFormat>(
+    path: Path,
+    name: &str,
+    fast: PackedProduct<'_, P>,
+    one_token: bool,
+) {
+    for (rows, nb, n_tok) in [
+        (8, 1, 3),
+        (16, 7, 5),
+        (24, 18, 2),
+        (64, 48, 9),
+        (576, 18, 4),
+    ] {
+        let n_tok = if one_token { 1 } else { n_tok };
+        let w: Vec<P::Row> = quant(&awkward(rows * nb * 32, (rows * 3 + nb) as u64));
+        let mut pw = vec![P::default(); w.len() / PACK_ROWS];
+        pack_matrix(&w, nb, &mut pw);
+        let a: Vec<<P::Row as BlockFormat>::Activation> =
+            quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));
+        let mut want = vec![0.0; rows * n_tok];
+        r::matmul_ref(&w, &a, n_tok, &mut want);
+        let mut got = vec![f32::NAN; rows * n_tok];
+        fast(&pw, &a, n_tok, &mut got);
+        for (ri, row) in w.chunks_exact(nb).enumerate() {
+            for (t, act) in a.chunks_exact(nb).enumerate() {
+                let tol = DOT_REL * nb as f32 * abs_dot(row, act);
+                let i = ri * n_tok + t;
+                assert_close(
+                    &format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"),
+                    got[i],
+                    want[i],
+                    tol,
+                );
+            }
+        }
+    }
+}
+
 const LENS: [usize; 12] = [1, 2, 3, 4, 7, 8, 15, 16, 17, 64, 576, 1539];
 
 fn check_unary(
@@ -177,6 +253,7 @@ fn check_kernels(k: &Kernels) {
         matmul_q4_0_q8_0,
         matmul_q4_1_q8_1,
         matmul_q8_0_q8_0,
+        packed,
         rms_norm,
         softmax,
         silu_mul,
@@ -207,6 +284,10 @@ fn check_kernels(k: &Kernels) {
     check_matmul::<BlockQ4_0>(p, "matmul_q4_0_q8_0", matmul_q4_0_q8_0);
     check_matmul::<BlockQ4_1>(p, "matmul_q4_1_q8_1", matmul_q4_1_q8_1);
     check_matmul::<BlockQ8_0>(p, "matmul_q8_0_q8_0", matmul_q8_0_q8_0);
+
+    if let Some(pk) = packed {
+        check_packed_kernels(p, &pk);
+    }
 
     for &n in &LENS {
         let x = f32_vec(n, n as u64 + 1, 2.0);

@@ -42,6 +42,7 @@ pub(crate) const NEON: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::matmul_neon::<BlockQ4_0>,
     matmul_q4_1_q8_1: matmul::matmul_neon::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_neon::<BlockQ8_0>,
+    packed: None,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,

@@ -5,12 +5,14 @@
 //! `portable`, `x86` and `neon` is tested against these.
 
 mod ops;
+mod packed;
 mod q4_0;
 mod q4_1;
 mod q8_0;
 mod q8_1;
 
 pub use ops::*;
+pub use packed::*;
 pub use q4_0::*;
 pub use q4_1::*;
 pub use q8_0::*;

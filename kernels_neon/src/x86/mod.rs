@@ -21,12 +21,13 @@
 mod dot;
 mod matmul;
 mod ops;
+mod packed;
 mod quant;
 mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::dispatch::{Kernels, Path};
+use crate::dispatch::{Kernels, PackedKernels, Path};
 
 /// The AVX2 table. Every kernel has a fast version.
 pub(crate) const AVX2: Kernels = Kernels {
@@ -42,6 +43,7 @@ pub(crate) const AVX2: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::matmul_q4_0_q8_0,
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
+    packed: None,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
@@ -67,5 +69,13 @@ pub(crate) const AVX512VNNI: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::vnni::matmul_q4_0_q8_0,
     matmul_q4_1_q8_1: matmul::vnni::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::vnni::matmul_q8_0_q8_0,
+    packed: Some(PackedKernels {
+        matvec_q4_0x8_q8_0: packed::matvec_q4_0x8_q8_0,
+        matvec_q4_1x8_q8_1: packed::matvec_q4_1x8_q8_1,
+        matvec_q8_0x8_q8_0: packed::matvec_q8_0x8_q8_0,
+        matmul_q4_0x8_q8_0: packed::matmul_q4_0x8_q8_0,
+        matmul_q4_1x8_q8_1: packed::matmul_q4_1x8_q8_1,
+        matmul_q8_0x8_q8_0: packed::matmul_q8_0x8_q8_0,
+    }),
     ..AVX2
 };

@@ -1,0 +1,370 @@
+//! Products over weights interleaved eight rows at a time ([`BlockQ4_0x8`], …), for the
+//! `avx512vnni` table: the layout the engine packs at load for decoding.
+//!
+//! One 32-byte load holds four bytes of each of eight rows, so one `vpdpbusd` against four
+//! broadcast activation bytes leaves every row's partial sum in its own i32 lane: no
+//! horizontal reduction, no per-row scale gathering (the eight scales are one `vcvtph2ps`),
+//! and the matrix is one sequential stream. Per (row, token) pair and block the float
+//! sequence is [`super::matmul`]'s tile's, `fma(f32(sumi), d_w * d_a, acc)` (then
+//! `fma(m, s, acc)` for Q4_1), so the results are the AVX2 kernels' bits on the unpacked rows.
+
+use super::dot::{Fmt, Q4_0, Q4_1, Q8_0Vnni, dpbusd};
+use super::simd::store_ps;
+use crate::block::{
+    BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS, PackedFormat,
+};
+use crate::reference::check_packed;
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+/// A packed format as these kernels see it: its values as eight u8 vectors, vector `j` to be
+/// multiplied with activation bytes `4j..4j+4`, and the activation scalars of the row format
+/// (`F`: the `d`, the Q4_1 sum, or the integer correction of the unsigned values).
+trait Pk: PackedFormat {
+    type F: Fmt;
+    /// # Safety
+    /// Needs avx2, fma and f16c.
+    unsafe fn values(p: &Self) -> [__m256i; 8];
+    /// # Safety
+    /// Needs avx2, fma and f16c.
+    unsafe fn scales(p: &Self) -> (__m256, __m256);
+}
+
+/// Q4 values of a packed block: granule `c`'s low nibbles are values `4c..4c+4` (vector `c`),
+/// its high nibbles values `16 + 4c..` (vector `4 + c`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_values(qs: &[u8; 128]) -> [__m256i; 8] {
+    let m = _mm256_set1_epi8(0x0f);
+    let mut v = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        // SAFETY: `qs[32c..32c+32]` is in bounds (c < 4); `loadu` needs no alignment.
+        let q = unsafe { _mm256_loadu_si256(qs[32 * c..].as_ptr().cast()) };
+        v[c] = _mm256_and_si256(q, m);
+        v[4 + c] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m);
+    }
+    v
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ph8(h: &[crate::block::f16; 8]) -> __m256 {
+    super::simd::load_ph(h)
+}
+
+impl Pk for BlockQ4_0x8 {
+    type F = Q4_0;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(p: &Self) -> [__m256i; 8] {
+        q4_values(&p.qs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: &Self) -> (__m256, __m256) {
+        (ph8(&p.d), _mm256_setzero_ps())
+    }
+}
+
+impl Pk for BlockQ4_1x8 {
+    type F = Q4_1;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(p: &Self) -> [__m256i; 8] {
+        q4_values(&p.qs)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: &Self) -> (__m256, __m256) {
+        (ph8(&p.d), ph8(&p.m))
+    }
+}
+
+impl Pk for BlockQ8_0x8 {
+    /// Signed weights as `x ^ 0x80 = x + 128` (unsigned, as `vpdpbusd` takes them) with the
+    /// correction `128 * sum(y)`, as the unpacked VNNI product.
+    type F = Q8_0Vnni;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(p: &Self) -> [__m256i; 8] {
+        let flip = _mm256_set1_epi8(-128);
+        let mut v = [_mm256_setzero_si256(); 8];
+        for (c, v) in v.iter_mut().enumerate() {
+            // SAFETY: `qs[32c..32c+32]` is in bounds (c < 8); `loadu` needs no alignment.
+            let q = unsafe { _mm256_loadu_si256(p.qs[32 * c..].as_ptr().cast()) };
+            *v = _mm256_xor_si256(q, flip);
+        }
+        v
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: &Self) -> (__m256, __m256) {
+        (ph8(&p.d), _mm256_setzero_ps())
+    }
+}
+
+/// Activation blocks whose scalars a product converts at a time (on the stack).
+const SCRATCH: usize = 2048;
+/// Tokens per tile of a matrix-matrix product (one group of 8 rows).
+const TOKS: usize = 4;
+
+/// The four activation bytes `4j..4j+4`, broadcast.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn y4(y: &[i8; 32], j: usize) -> __m256i {
+    let q = &y[4 * j..4 * j + 4];
+    _mm256_set1_epi32(i32::from_le_bytes([
+        q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8,
+    ]))
+}
+
+/// `vals · y` per lane (exact), in two chains (a chain of eight `vpdpbusd` is latency-bound).
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn isum(vals: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
+    let mut part = [_mm256_setzero_si256(); 2];
+    for (j, &v) in vals.iter().enumerate() {
+        // SAFETY: the caller guarantees avx512vnni and avx512vl.
+        part[j % 2] = unsafe { dpbusd(part[j % 2], v, y4(y, j)) };
+    }
+    _mm256_add_epi32(part[0], part[1])
+}
+
+/// One block's step of a (row group, token) accumulator: the tile's float sequence.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step<F: Fmt>(acc: __m256, sumi: __m256i, (wd, wm): (__m256, __m256), s: &F::AS) -> __m256 {
+    let sumi = if F::HAS_CORR {
+        _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(s)))
+    } else {
+        sumi
+    };
+    let scale = _mm256_mul_ps(wd, _mm256_set1_ps(F::as_d(s)));
+    let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc);
+    if F::HAS_MIN {
+        _mm256_fmadd_ps(wm, _mm256_set1_ps(F::as_s(s)), acc)
+    } else {
+        acc
+    }
+}
+
+/// Access to the activation blocks' `y` bytes, whatever their format.
+trait Act: Copy {
+    fn qs(&self) -> &[i8; 32];
+}
+impl Act for BlockQ8_0 {
+    #[inline]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
+}
+impl Act for BlockQ8_1 {
+    #[inline]
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
+}
+
+/// `out` (`[row][tok]`) for every group of `w`, in chunks of activation blocks whose scalars
+/// are converted once; a group × 1 token per pass when `n_tok == 1`, else a group × `TOKS`
+/// tokens.
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features; shapes as [`check_packed`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<P: Pk>(w: &[P], a: &[<P::F as Fmt>::A], nb: usize, n_tok: usize, out: &mut [f32])
+where
+    <P::F as Fmt>::A: Act,
+{
+    let groups = out.len() / n_tok / PACK_ROWS;
+    let kb_max = nb.min(SCRATCH);
+    let tc = (SCRATCH / kb_max).max(1);
+    let mut scratch = [const { MaybeUninit::<<P::F as Fmt>::AS>::uninit() }; SCRATCH];
+    let mut t0 = 0;
+    while t0 < n_tok {
+        let tcn = tc.min(n_tok - t0);
+        let mut k0 = 0;
+        while k0 < nb {
+            let kb = kb_max.min(nb - k0);
+            for j in 0..tcn {
+                let blocks = &a[(t0 + j) * nb + k0..][..kb];
+                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
+                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which this function runs with.
+                    s.write(unsafe { P::F::a_scalars(blk) });
+                }
+            }
+            // SAFETY: the first `tcn * kb <= SCRATCH` entries were initialised just above.
+            let sc = unsafe {
+                std::slice::from_raw_parts(scratch.as_ptr().cast::<<P::F as Fmt>::AS>(), tcn * kb)
+            };
+            let ch = Chunk {
+                w,
+                a,
+                sc,
+                nb,
+                n_tok,
+                k0,
+                kb,
+                t0,
+            };
+            if n_tok == 1 {
+                for g in 0..groups {
+                    // SAFETY: as this function.
+                    unsafe { mv_tile::<P>(&ch, g, out) };
+                }
+            } else {
+                for g in 0..groups {
+                    let mut t = t0;
+                    while t < t0 + tcn {
+                        let rn = TOKS.min(t0 + tcn - t);
+                        // SAFETY: as this function.
+                        unsafe {
+                            match rn {
+                                TOKS => mm_tile::<P, TOKS>(&ch, g, t, out),
+                                1 => mm_tile::<P, 1>(&ch, g, t, out),
+                                2 => mm_tile::<P, 2>(&ch, g, t, out),
+                                _ => mm_tile::<P, 3>(&ch, g, t, out),
+                            }
+                        }
+                        t += rn;
+                    }
+                }
+            }
+            k0 += kb;
+        }
+        t0 += tcn;
+    }
+}
+
+/// A product's operands and the chunk being worked on: blocks `k0..k0 + kb` of every group and
+/// token, tokens `t0..` with their scalars in `sc` (`sc[(t - t0) * kb + b]`).
+struct Chunk<'a, P: Pk> {
+    w: &'a [P],
+    a: &'a [<P::F as Fmt>::A],
+    sc: &'a [<P::F as Fmt>::AS],
+    nb: usize,
+    n_tok: usize,
+    k0: usize,
+    kb: usize,
+    t0: usize,
+}
+
+/// The accumulators of rows `8g..8g+8` × token `t` (read back unless this is the first chunk).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_acc(out: &[f32], n_tok: usize, g: usize, t: usize, first: bool) -> __m256 {
+    if first {
+        return _mm256_setzero_ps();
+    }
+    let l: [f32; 8] = std::array::from_fn(|k| out[(g * PACK_ROWS + k) * n_tok + t]);
+    super::simd::load_ps(&l)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store_acc(out: &mut [f32], n_tok: usize, g: usize, t: usize, acc: __m256) {
+    let mut l = [0.0f32; 8];
+    store_ps(&mut l, acc);
+    for (k, v) in l.iter().enumerate() {
+        out[(g * PACK_ROWS + k) * n_tok + t] = *v;
+    }
+}
+
+/// Group `g`, one token. One group at a time keeps the whole product one sequential stream,
+/// which the hardware prefetchers follow at the memory's bandwidth (measured on Zen 4: two
+/// groups side by side, i.e. two streams 2.6 KB apart, ran a cold product at a third of it,
+/// and software prefetching on top of the single stream gained nothing).
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mv_tile<P: Pk>(c: &Chunk<'_, P>, g: usize, out: &mut [f32])
+where
+    <P::F as Fmt>::A: Act,
+{
+    let (nb, kb, k0) = (c.nb, c.kb, c.k0);
+    let mut acc = load_acc(out, 1, g, 0, k0 == 0);
+    let wg = &c.w[g * nb + k0..][..kb];
+    let ys = &c.a[k0..][..kb];
+    for ((p, y), s) in wg.iter().zip(ys).zip(c.sc) {
+        // SAFETY: avx2, fma, f16c as this function; avx512vnni and avx512vl by contract.
+        let sumi = unsafe { isum(&P::values(p), y.qs()) };
+        // SAFETY: as above.
+        acc = step::<P::F>(acc, sumi, unsafe { P::scales(p) }, s);
+    }
+    store_acc(out, 1, g, 0, acc);
+}
+
+/// Group `g` × tokens `t..t + RN`: each block's values unpacked once for the `RN` tokens.
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mm_tile<P: Pk, const RN: usize>(c: &Chunk<'_, P>, g: usize, t: usize, out: &mut [f32])
+where
+    <P::F as Fmt>::A: Act,
+{
+    let (nb, kb, k0, n) = (c.nb, c.kb, c.k0, c.n_tok);
+    let mut acc: [__m256; RN] = std::array::from_fn(|j| load_acc(out, n, g, t + j, k0 == 0));
+    let wg = &c.w[g * nb + k0..][..kb];
+    let toks: [&[<P::F as Fmt>::A]; RN] = std::array::from_fn(|j| &c.a[(t + j) * nb + k0..][..kb]);
+    let tsc: [&[<P::F as Fmt>::AS]; RN] =
+        std::array::from_fn(|j| &c.sc[(t - c.t0 + j) * kb..][..kb]);
+    for (b, p) in wg.iter().enumerate() {
+        // SAFETY: avx2, fma, f16c as this function.
+        let (vals, sc) = unsafe { (P::values(p), P::scales(p)) };
+        for j in 0..RN {
+            // SAFETY: avx512vnni and avx512vl by contract.
+            let sumi = unsafe { isum(&vals, toks[j][b].qs()) };
+            acc[j] = step::<P::F>(acc[j], sumi, sc, &tsc[j][b]);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        store_acc(out, n, g, t + j, *acc);
+    }
+}
+
+macro_rules! packed_kernels {
+    ($p:ty, $a:ty, $mv:ident, $mm:ident) => {
+        #[doc = concat!("Matrix-vector product over `", stringify!($p), "` (AVX2 + AVX512-VNNI).")]
+        pub(crate) fn $mv(w: &[$p], a: &[$a], out: &mut [f32]) {
+            $mm(w, a, 1, out)
+        }
+
+        #[doc = concat!("Matrix-matrix product over `", stringify!($p), "` (AVX2 + AVX512-VNNI).")]
+        pub(crate) fn $mm(w: &[$p], a: &[$a], n_tok: usize, out: &mut [f32]) {
+            let nb = check_packed(w, a, n_tok, out);
+            if nb == 0 || out.is_empty() {
+                out.fill(0.0);
+                return;
+            }
+            // SAFETY: only reachable through the `avx512vnni` table (avx2, fma, f16c,
+            // avx512vnni and avx512vl detected at runtime); `check_packed` checked the shapes.
+            unsafe { run::<$p>(w, a, nb, n_tok, out) }
+        }
+    };
+}
+
+packed_kernels!(
+    BlockQ4_0x8,
+    BlockQ8_0,
+    matvec_q4_0x8_q8_0,
+    matmul_q4_0x8_q8_0
+);
+packed_kernels!(
+    BlockQ4_1x8,
+    BlockQ8_1,
+    matvec_q4_1x8_q8_1,
+    matmul_q4_1x8_q8_1
+);
+packed_kernels!(
+    BlockQ8_0x8,
+    BlockQ8_0,
+    matvec_q8_0x8_q8_0,
+    matmul_q8_0x8_q8_0
+);
