@@ -191,23 +191,31 @@ impl Default for BlockQ8_0x8 {
 pub trait PackedFormat: Pod + Default + Send + Sync + 'static {
     /// The row format this interleaves.
     type Row: BlockFormat;
-    /// Interleaves block `b` of eight rows.
-    fn pack(rows: [&Self::Row; PACK_ROWS]) -> Self;
+    /// Interleaves block `b` of eight rows into `out` (every byte of it written).
+    fn pack_into(rows: [&Self::Row; PACK_ROWS], out: &mut Self);
     /// Row `k`'s block.
     fn unpack(&self, k: usize) -> Self::Row;
+    /// Interleaves block `b` of eight rows.
+    fn pack(rows: [&Self::Row; PACK_ROWS]) -> Self {
+        let mut p = Self::zeroed();
+        Self::pack_into(rows, &mut p);
+        p
+    }
 }
 
-/// Granules of four bytes: `out[32 * c + 4 * k + i] = rows[k][4 * c + i]`.
-fn interleave4<T: Copy>(rows: [&[T]; PACK_ROWS], out: &mut [T]) {
-    let per_row = rows[0].len();
-    for c in 0..per_row / 4 {
+/// Granules of four bytes: `out[32 * c + 4 * k + i] = rows[k][4 * c + i]`. `N` is a constant
+/// so that the loops unroll into word moves (packing runs at load, on the way to the first
+/// token).
+#[inline(always)]
+fn interleave4<const N: usize>(rows: [&[u8; N]; PACK_ROWS], out: &mut [u8]) {
+    for c in 0..N / 4 {
         for (k, row) in rows.iter().enumerate() {
             out[32 * c + 4 * k..][..4].copy_from_slice(&row[4 * c..][..4]);
         }
     }
 }
 
-fn deinterleave4<T: Copy>(packed: &[T], k: usize, out: &mut [T]) {
+fn deinterleave4(packed: &[u8], k: usize, out: &mut [u8]) {
     for c in 0..out.len() / 4 {
         out[4 * c..][..4].copy_from_slice(&packed[32 * c + 4 * k..][..4]);
     }
@@ -215,11 +223,10 @@ fn deinterleave4<T: Copy>(packed: &[T], k: usize, out: &mut [T]) {
 
 impl PackedFormat for BlockQ4_0x8 {
     type Row = BlockQ4_0;
-    fn pack(rows: [&BlockQ4_0; PACK_ROWS]) -> Self {
-        let mut p = Self::zeroed();
-        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
-        p.d = rows.map(|r| r.d);
-        p
+    #[inline]
+    fn pack_into(rows: [&BlockQ4_0; PACK_ROWS], out: &mut Self) {
+        interleave4(rows.map(|r| &r.qs), &mut out.qs);
+        out.d = rows.map(|r| r.d);
     }
     fn unpack(&self, k: usize) -> BlockQ4_0 {
         let mut b = BlockQ4_0 {
@@ -233,12 +240,11 @@ impl PackedFormat for BlockQ4_0x8 {
 
 impl PackedFormat for BlockQ4_1x8 {
     type Row = BlockQ4_1;
-    fn pack(rows: [&BlockQ4_1; PACK_ROWS]) -> Self {
-        let mut p = Self::zeroed();
-        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
-        p.d = rows.map(|r| r.d);
-        p.m = rows.map(|r| r.m);
-        p
+    #[inline]
+    fn pack_into(rows: [&BlockQ4_1; PACK_ROWS], out: &mut Self) {
+        interleave4(rows.map(|r| &r.qs), &mut out.qs);
+        out.d = rows.map(|r| r.d);
+        out.m = rows.map(|r| r.m);
     }
     fn unpack(&self, k: usize) -> BlockQ4_1 {
         let mut b = BlockQ4_1 {
@@ -253,18 +259,24 @@ impl PackedFormat for BlockQ4_1x8 {
 
 impl PackedFormat for BlockQ8_0x8 {
     type Row = BlockQ8_0;
-    fn pack(rows: [&BlockQ8_0; PACK_ROWS]) -> Self {
-        let mut p = Self::zeroed();
-        interleave4(rows.map(|r| &r.qs[..]), &mut p.qs);
-        p.d = rows.map(|r| r.d);
-        p
+    #[inline]
+    fn pack_into(rows: [&BlockQ8_0; PACK_ROWS], out: &mut Self) {
+        interleave4(
+            rows.map(|r| bytemuck::cast_ref::<[i8; 32], [u8; 32]>(&r.qs)),
+            bytemuck::cast_slice_mut(&mut out.qs),
+        );
+        out.d = rows.map(|r| r.d);
     }
     fn unpack(&self, k: usize) -> BlockQ8_0 {
         let mut b = BlockQ8_0 {
             d: self.d[k],
             ..Default::default()
         };
-        deinterleave4(&self.qs, k, &mut b.qs);
+        deinterleave4(
+            bytemuck::cast_slice(&self.qs),
+            k,
+            bytemuck::cast_slice_mut(&mut b.qs),
+        );
         b
     }
 }
@@ -280,7 +292,7 @@ pub fn pack_matrix<P: PackedFormat>(w: &[P::Row], nb: usize, out: &mut [P]) {
     );
     for (rows, dst) in w.chunks_exact(nb * PACK_ROWS).zip(out.chunks_exact_mut(nb)) {
         for (b, p) in dst.iter_mut().enumerate() {
-            *p = P::pack(std::array::from_fn(|k| &rows[k * nb + b]));
+            P::pack_into(std::array::from_fn(|k| &rows[k * nb + b]), p);
         }
     }
 }

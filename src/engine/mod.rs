@@ -181,6 +181,9 @@ impl Engine {
                 pool::MAX_THREADS
             )));
         }
+        if kernels.packed.is_some() {
+            model.pack();
+        }
         let pool = Pool::new(cfg.threads)?;
         let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);
         Ok(Engine {

@@ -300,6 +300,73 @@ impl Gguf {
         }
     }
 
+    /// Drops the mapped pages of all tensor data from this process's resident set, once the
+    /// model has copied what it needs (weights repacked at load). A later read of a tensor that
+    /// was not copied faults its pages in again from the file. Does nothing to a locked
+    /// mapping (its pages cannot be dropped) or to a file read into memory.
+    pub fn release_tensor_data_pages(&self) {
+        let Storage::Mmap(m) = &self.storage else {
+            return;
+        };
+        if self.locked {
+            return;
+        }
+        // The data starts at an alignment (32 bytes by default), not at a page: round up to a
+        // 64 KiB boundary, page-aligned for every page size Linux uses; the few pages before it
+        // stay resident.
+        let page = 64 * 1024;
+        let start = usize::try_from(self.parsed.data_offset)
+            .unwrap_or(usize::MAX)
+            .min(m.len())
+            .next_multiple_of(page);
+        if start >= m.len() {
+            return;
+        }
+        // SAFETY: as in `release_header_pages`: a private, read-only mapping of a file that is
+        // not modified while mapped; dropping clean pages only means re-reading them.
+        let r = unsafe {
+            m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, m.len() - start)
+        };
+        if let Err(e) = r {
+            tracing::debug!("madvise(DONTNEED) on {}: {e}", self.path.display());
+        }
+    }
+
+    /// Drops the mapped pages that lie wholly inside `bytes` (a piece of [`Gguf::bytes`],
+    /// e.g. part of a tensor already copied) from this process's resident set; the pages at
+    /// the edges stay. Nothing happens for a locked mapping, a file read into memory or a
+    /// slice from elsewhere.
+    pub fn release_bytes(&self, bytes: &[u8]) {
+        let Storage::Mmap(m) = &self.storage else {
+            return;
+        };
+        let base = m.as_ptr() as usize;
+        let start = (bytes.as_ptr() as usize).wrapping_sub(base);
+        if self.locked || start > m.len() || bytes.len() > m.len() - start {
+            return;
+        }
+        // The system's page size: 64 KiB steps would keep up to 128 KiB at the edges of each
+        // piece, megabytes over a model's 200 matrices.
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(64 * 1024);
+        let (lo, hi) = (start.next_multiple_of(page), start + bytes.len());
+        let hi = hi - hi % page;
+        if hi <= lo {
+            return;
+        }
+        // SAFETY: as in `release_header_pages`: a private, read-only mapping of a file that is
+        // not modified while mapped; dropping clean pages only means re-reading them.
+        let r =
+            unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo) };
+        if let Err(e) = r {
+            tracing::debug!("madvise(DONTNEED) on {}: {e}", self.path.display());
+        }
+    }
+
     /// Gives a `madvise` hint for one tensor's pages (e.g. `WillNeed` before a layer runs).
     pub fn advise_tensor(&self, info: &TensorInfo, hint: AccessHint) -> Result<()> {
         let Storage::Mmap(m) = &self.storage else {

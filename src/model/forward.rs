@@ -133,16 +133,18 @@ pub fn forward(
     debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
     let (d, qd, kvd, hd) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim);
 
+    // The packed weights when this path has products over them (the engine packed the model).
+    let pk = k.packed.and(model.packed());
     let t0 = ar.prof.start();
     for (t, &tok) in tokens.iter().enumerate() {
         model
-            .tok_embd()
+            .tok_embd_in(pk)
             .row_f32(tok as usize, &mut ar.x[t * d..(t + 1) * d]);
     }
     ar.prof.stop(Op::Embed, t0);
 
     for l in 0..hp.n_layer {
-        let lw = model.layer(l);
+        let lw = model.layer_in(l, pk);
         let t0 = ar.prof.start();
         for t in 0..n {
             (k.rms_norm)(
@@ -272,7 +274,7 @@ pub fn forward(
         let last = &ar.x[(n - 1) * d..n * d];
         (k.rms_norm)(last, model.output_norm(), hp.rms_eps, &mut ar.xn[..d]);
         ar.prof.stop(Op::RmsNorm, t0);
-        let output = model.output();
+        let output = model.output_in(pk);
         let t0 = ar.prof.start();
         let a = ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]));
         ar.prof.stop(Op::Quantize, t0);

@@ -41,6 +41,22 @@ fn matvec(m: &Mat<'_>, x: &[f32]) -> Vec<f32> {
                 *o = r::dot_f32_ref(row, x);
             }
         }
+        // The packed reference gives the row reference's bits.
+        MatData::Q4_0x8(w) => {
+            let mut a = vec![BlockQ8_0::default(); nb];
+            r::quantize_row_q8_0_ref(x, &mut a);
+            r::matvec_packed_ref(w, &a, &mut y);
+        }
+        MatData::Q8_0x8(w) => {
+            let mut a = vec![BlockQ8_0::default(); nb];
+            r::quantize_row_q8_0_ref(x, &mut a);
+            r::matvec_packed_ref(w, &a, &mut y);
+        }
+        MatData::Q4_1x8(w) => {
+            let mut a = vec![BlockQ8_1::default(); nb];
+            r::quantize_row_q8_1_ref(x, &mut a);
+            r::matvec_packed_ref(w, &a, &mut y);
+        }
     }
     y
 }

@@ -1,10 +1,38 @@
 //! Typed, zero-copy views of weight matrices and the products the forward pass needs.
 
 use crate::engine::pool::Pool;
-use kernels_neon::{BlockQ8_0, BlockQ8_1, Kernels, WeightFormat};
+use crate::gguf::TensorView;
+use kernels_neon::dispatch::PACKED_REFERENCE;
+use kernels_neon::{
+    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Kernels,
+    PACK_ROWS, PackedWeightFormat, WeightFormat, f16,
+};
 
-/// The data of a weight matrix, as stored in the GGUF file (row-major, `rows × cols`).
-pub use crate::gguf::TensorView as MatData;
+/// The data of a weight matrix: as stored in the GGUF file (row-major, `rows × cols`), or
+/// packed at load eight rows at a time (`*x8`, group-major; see `model::packed`).
+#[derive(Clone, Copy, Debug)]
+pub enum MatData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q4_0(&'a [BlockQ4_0]),
+    Q4_1(&'a [BlockQ4_1]),
+    Q8_0(&'a [BlockQ8_0]),
+    Q4_0x8(&'a [BlockQ4_0x8]),
+    Q4_1x8(&'a [BlockQ4_1x8]),
+    Q8_0x8(&'a [BlockQ8_0x8]),
+}
+
+impl<'a> From<TensorView<'a>> for MatData<'a> {
+    fn from(v: TensorView<'a>) -> MatData<'a> {
+        match v {
+            TensorView::F32(w) => MatData::F32(w),
+            TensorView::F16(w) => MatData::F16(w),
+            TensorView::Q4_0(w) => MatData::Q4_0(w),
+            TensorView::Q4_1(w) => MatData::Q4_1(w),
+            TensorView::Q8_0(w) => MatData::Q8_0(w),
+        }
+    }
+}
 
 /// A weight matrix: `rows` outputs of `cols` inputs each.
 #[derive(Clone, Copy, Debug)]
@@ -25,8 +53,10 @@ pub enum ActKind {
 impl Mat<'_> {
     pub fn act_kind(&self) -> ActKind {
         match self.data {
-            MatData::Q4_0(_) | MatData::Q8_0(_) => ActKind::Q8_0,
-            MatData::Q4_1(_) => ActKind::Q8_1,
+            MatData::Q4_0(_) | MatData::Q8_0(_) | MatData::Q4_0x8(_) | MatData::Q8_0x8(_) => {
+                ActKind::Q8_0
+            }
+            MatData::Q4_1(_) | MatData::Q4_1x8(_) => ActKind::Q8_1,
             MatData::F16(_) | MatData::F32(_) => ActKind::F32,
         }
     }
@@ -39,7 +69,18 @@ impl Mat<'_> {
             MatData::Q8_0(w) => std::mem::size_of_val(w),
             MatData::F16(w) => std::mem::size_of_val(w),
             MatData::F32(w) => std::mem::size_of_val(w),
+            MatData::Q4_0x8(w) => std::mem::size_of_val(w),
+            MatData::Q4_1x8(w) => std::mem::size_of_val(w),
+            MatData::Q8_0x8(w) => std::mem::size_of_val(w),
         }
+    }
+
+    /// Whether the data is in the packed layout.
+    pub fn is_packed(&self) -> bool {
+        matches!(
+            self.data,
+            MatData::Q4_0x8(_) | MatData::Q4_1x8(_) | MatData::Q8_0x8(_)
+        )
     }
 
     /// Copies row `r`, dequantized, into `out` (`cols` values): embedding lookup.
@@ -57,6 +98,9 @@ impl Mat<'_> {
             }
             MatData::F16(w) => kernels_neon::f16_to_f32_row(&w[r * c..(r + 1) * c], out),
             MatData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            MatData::Q4_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
+            MatData::Q4_1x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
+            MatData::Q8_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
         }
     }
 }
@@ -132,6 +176,32 @@ fn product<W: WeightFormat>(
     }
 }
 
+/// [`product`] over packed weights: the pool splits whole groups of 8 rows. A table without
+/// packed products (a model packed for another engine's path) uses the packed reference.
+fn product_packed<P: PackedWeightFormat>(
+    k: &Kernels,
+    pool: &Pool,
+    w: &[P],
+    a: &[<P::Row as kernels_neon::BlockFormat>::Activation],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let nb = a.len() / n_tok;
+    let pk = k.packed.as_ref().unwrap_or(&PACKED_REFERENCE);
+    let unit = PACK_ROWS * n_tok;
+    if n_tok == 1 {
+        let mv = P::matvec(pk);
+        pool.run_split(out, unit, &|_, groups, o| {
+            mv(&w[groups.start * nb..groups.end * nb], a, o)
+        });
+    } else {
+        let mm = P::matmul(pk);
+        pool.run_split(out, unit, &|_, groups, o| {
+            mm(&w[groups.start * nb..groups.end * nb], a, n_tok, o)
+        });
+    }
+}
+
 fn product_float(k: &Kernels, pool: &Pool, m: &Mat<'_>, x: &[f32], n_tok: usize, out: &mut [f32]) {
     let c = m.cols;
     pool.run_split(out, n_tok, &|_, rows, o| {
@@ -141,7 +211,7 @@ fn product_float(k: &Kernels, pool: &Pool, m: &Mat<'_>, x: &[f32], n_tok: usize,
                 o[ri * n_tok + t] = match m.data {
                     MatData::F16(w) => (k.dot_f16)(&w[r * c..(r + 1) * c], xt),
                     MatData::F32(w) => (k.dot_f32)(&w[r * c..(r + 1) * c], xt),
-                    _ => unreachable!("quantized matrices take the block path"),
+                    _ => unreachable!("quantized matrices take the block paths"),
                 };
             }
         }
@@ -159,6 +229,9 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
         MatData::Q4_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4_1(w) => product(k, pool, w, &a.q8_1[..n * nb], n, out),
         MatData::Q8_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q4_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q4_1x8(w) => product_packed(k, pool, w, &a.q8_1[..n * nb], n, out),
+        MatData::Q8_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::F16(_) | MatData::F32(_) => {
             product_float(k, pool, m, &a.f32[..n * m.cols], n, out)
         }

@@ -5,10 +5,12 @@ pub mod forward;
 pub mod golden;
 mod hparams;
 pub mod matrix;
+mod packed;
 pub mod synth;
 
 pub use hparams::{HParams, RopeType};
-use matrix::{Mat, MatData};
+use matrix::Mat;
+pub use packed::Packed;
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
@@ -101,6 +103,13 @@ pub struct Model {
     layers: Vec<LayerRefs>,
     /// [`Model::fingerprint`], computed on first use (runs without snapshots never pay for it).
     fingerprint: std::sync::OnceLock<[u8; 32]>,
+    /// The matrices in the kernels' interleaved layout, made by the first engine whose kernel
+    /// path has products over it ([`Model::pack`]).
+    packed: std::sync::OnceLock<Packed>,
+    /// Copies of the norm and bias vectors, by tensor index (a few KB each). Read from the
+    /// mapping, each would fault in the 64 KB around it (fault-around) after [`Model::pack`]
+    /// dropped the file's pages: ~4 MB of RAM for SmolLM2's 61 norms.
+    vectors: Vec<Option<Box<[f32]>>>,
 }
 
 /// How to open the model file.
@@ -244,11 +253,21 @@ impl Model {
             output,
             layers,
             fingerprint: std::sync::OnceLock::new(),
+            packed: std::sync::OnceLock::new(),
+            vectors: Vec::new(),
         };
         // View every tensor once now, so that later views cannot fail (alignment, length).
         for t in model.all_refs() {
             model.view(t)?;
         }
+        let mut vectors = vec![None; model.gguf.tensors().len()];
+        for t in model.all_refs().filter(|t| t.rows == 1) {
+            if let Ok(TensorView::F32(v)) = model.view(t) {
+                vectors[t.index] = Some(v.into());
+            }
+        }
+        let mut model = model;
+        model.vectors = vectors;
         // The fingerprint is the last reader of the metadata bytes: take it now, then let the
         // kernel have those pages back.
         model.fingerprint();
@@ -282,9 +301,18 @@ impl Model {
     }
 
     fn mat(&self, t: TensorRef) -> Mat<'_> {
-        let data = self
-            .view(t)
-            .expect("every tensor was viewed successfully at load");
+        self.mat_in(t, None)
+    }
+
+    /// Tensor `t` as a matrix: from `packed` if it holds it, else from the file.
+    fn mat_in<'a>(&'a self, t: TensorRef, packed: Option<&'a Packed>) -> Mat<'a> {
+        let data = match packed.and_then(|p| p.data(t.index)) {
+            Some(d) => d,
+            None => self
+                .view(t)
+                .expect("every tensor was viewed successfully at load")
+                .into(),
+        };
         Mat {
             rows: t.rows,
             cols: t.cols,
@@ -292,10 +320,48 @@ impl Model {
         }
     }
 
+    /// Packs the weight matrices into the kernels' interleaved layout (once; later calls
+    /// return at once), in the order the forward pass reads them, and drops the file's pages of
+    /// the tensor data from RAM. Not done for a model opened with `mlock` (see `packed.rs`).
+    /// Returns whether packed weights exist.
+    pub fn pack(&self) -> bool {
+        if self.gguf.is_locked() {
+            return false;
+        }
+        self.packed.get_or_init(|| {
+            let t0 = std::time::Instant::now();
+            let mut mats = Vec::with_capacity(self.layers.len() * 7 + 1);
+            for r in &self.layers {
+                for t in [r.wq, r.wk, r.wv, r.wo, r.w_gate, r.w_up, r.w_down] {
+                    mats.push((t.index, self.mat(t)));
+                }
+            }
+            mats.push((self.output.index, self.mat(self.output)));
+            let p = Packed::build(self.gguf.tensors().len(), &mats, &|b| {
+                self.gguf.release_bytes(b)
+            });
+            // What the 64 KiB steps left at the edges of the pieces.
+            self.gguf.release_tensor_data_pages();
+            let (n, bytes) = p.stats();
+            tracing::debug!(
+                "packed {n} weight matrices ({:.1} MiB) in {:.0} ms",
+                bytes as f64 / (1 << 20) as f64,
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+            p
+        });
+        true
+    }
+
+    /// The packed weights, if [`Model::pack`] made them.
+    pub fn packed(&self) -> Option<&Packed> {
+        self.packed.get()
+    }
+
     fn vec(&self, t: TensorRef) -> &[f32] {
-        match self.view(t) {
-            Ok(MatData::F32(v)) => v,
-            _ => unreachable!("vectors are checked to be F32 at load"),
+        match self.vectors.get(t.index) {
+            Some(Some(v)) => v,
+            _ => unreachable!("vectors are checked to be F32 and copied at load"),
         }
     }
 
@@ -320,6 +386,14 @@ impl Model {
     pub fn tok_embd(&self) -> Mat<'_> {
         self.mat(self.tok_embd)
     }
+    /// [`Model::tok_embd`], packed if `packed` holds it (tied embeddings).
+    pub fn tok_embd_in<'a>(&'a self, packed: Option<&'a Packed>) -> Mat<'a> {
+        self.mat_in(self.tok_embd, packed)
+    }
+    /// [`Model::output`], packed if `packed` holds it.
+    pub fn output_in<'a>(&'a self, packed: Option<&'a Packed>) -> Mat<'a> {
+        self.mat_in(self.output, packed)
+    }
     pub fn output_norm(&self) -> &[f32] {
         self.vec(self.output_norm)
     }
@@ -329,20 +403,26 @@ impl Model {
 
     /// Layer `l`'s weights (no allocation: views into the mapping).
     pub fn layer(&self, l: usize) -> LayerWeights<'_> {
+        self.layer_in(l, None)
+    }
+
+    /// Layer `l`'s weights, the matrices from `packed` where it holds them.
+    pub fn layer_in<'a>(&'a self, l: usize, packed: Option<&'a Packed>) -> LayerWeights<'a> {
         let r = &self.layers[l];
+        let mat = |t| self.mat_in(t, packed);
         LayerWeights {
             attn_norm: self.vec(r.attn_norm),
-            wq: self.mat(r.wq),
-            wk: self.mat(r.wk),
-            wv: self.mat(r.wv),
+            wq: mat(r.wq),
+            wk: mat(r.wk),
+            wv: mat(r.wv),
             bq: r.bq.map(|t| self.vec(t)),
             bk: r.bk.map(|t| self.vec(t)),
             bv: r.bv.map(|t| self.vec(t)),
-            wo: self.mat(r.wo),
+            wo: mat(r.wo),
             ffn_norm: self.vec(r.ffn_norm),
-            w_gate: self.mat(r.w_gate),
-            w_up: self.mat(r.w_up),
-            w_down: self.mat(r.w_down),
+            w_gate: mat(r.w_gate),
+            w_up: mat(r.w_up),
+            w_down: mat(r.w_down),
         }
     }
 
