@@ -1,6 +1,7 @@
 //! Weights packed at load (the `avx512vnni` path's interleaved layout) change no answer: an
 //! engine on the packing path gives, bit for bit, the logits of the same arithmetic over the
-//! file's layout (`avx2`), and a packed model still serves engines of other paths.
+//! file's layout (`avx2`), decoding's fused q|k|v and gate|up products included, and a packed
+//! model still serves engines of other paths.
 
 use edgellm::engine::{Engine, EngineConfig};
 use edgellm::gguf::GgmlType;
@@ -53,6 +54,15 @@ fn specs() -> Vec<SynthSpec> {
             }
         }
     }
+    // Biases on q/k/v, added after the fused q|k|v product of decoding.
+    v.push(SynthSpec {
+        arch: "qwen2",
+        biases: true,
+        n_head_kv: 1,
+        n_vocab: 304,
+        seed: 9,
+        ..Default::default()
+    });
     v
 }
 

@@ -70,6 +70,11 @@ pub struct Args {
     /// Also write the profile as an SVG bar chart to this file (implies --profile).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Also measure the read bandwidth on each thread count (a 256 MiB buffer, best of a probe
+    /// before and after the runs) and report the bound of decoding, bandwidth / weight bytes
+    /// per token, and tg as a share of it.
+    #[arg(long, conflicts_with = "restore")]
+    bandwidth: bool,
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -126,6 +131,9 @@ pub fn run(a: Args) -> CliResult {
         };
         let mut e = Engine::new(Arc::clone(&model), cfg)?;
         let mut s = e.new_session();
+        let bw_before = a
+            .bandwidth
+            .then(|| super::bench_bw::read_bandwidth(threads));
         let pp = if a.n_prompt > 0 {
             measure(a.repetitions, a.n_prompt, || {
                 s.truncate(0);
@@ -146,8 +154,12 @@ pub fn run(a: Args) -> CliResult {
         } else {
             Vec::new()
         };
-        rows.push((threads, e.kernels().name(), pp, tg, prof));
+        let bw = bw_before.map(|b| b.max(super::bench_bw::read_bandwidth(threads)));
+        rows.push((threads, e.kernels().name(), pp, tg, prof, bw));
     }
+    let weight_bytes = model.weight_bytes_per_token() as f64;
+    // tokens/s that the bandwidth allows when every weight byte is read once per token.
+    let bound = |bw: f64| bw / weight_bytes;
     if let Some(path) = &a.svg {
         let phases: Vec<_> = rows.iter().flat_map(|r| &r.4).collect();
         let heading = format!("edgellm bench --profile: {}", a.model.display());
@@ -158,13 +170,18 @@ pub fn run(a: Args) -> CliResult {
     if a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(t, k, pp, tg, prof)| {
+            .map(|(t, k, pp, tg, prof, bw)| {
                 let (ppm, pps) = mean_sd(pp);
                 let (tgm, tgs) = mean_sd(tg);
                 let mut row = json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt,
                        "n_gen": a.n_gen, "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs});
                 if !prof.is_empty() {
                     row["profile"] = profile::json(prof);
+                }
+                if let Some(bw) = bw {
+                    row["bw_gbps"] = json!(bw / 1e9);
+                    row["tg_bound_tps"] = json!(bound(*bw));
+                    row["tg_of_bound"] = json!(tgm / bound(*bw));
                 }
                 row
             })
@@ -179,7 +196,7 @@ pub fn run(a: Args) -> CliResult {
     );
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
-    for (t, k, pp, tg, _) in &rows {
+    for (t, k, pp, tg, _, _) in &rows {
         for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
             if !v.is_empty() {
                 let (m, sd) = mean_sd(v);
@@ -188,6 +205,21 @@ pub fn run(a: Args) -> CliResult {
                     format!("{name}{n}")
                 );
             }
+        }
+    }
+    for (t, _, _, tg, _, bw) in &rows {
+        if let Some(bw) = bw {
+            let b = bound(*bw);
+            print!(
+                "\n{t} thread(s): read bandwidth {:.1} GB/s, {:.1} MB of weights per token: \
+                 decoding is bounded near {b:.0} t/s",
+                bw / 1e9,
+                weight_bytes / 1e6
+            );
+            if !tg.is_empty() {
+                print!("; tg is {:.0}% of it", 100.0 * mean_sd(tg).0 / b);
+            }
+            println!();
         }
     }
     for p in rows.iter().flat_map(|r| &r.4) {

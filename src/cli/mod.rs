@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod bench;
+mod bench_bw;
 mod bench_restore;
 mod common;
 mod inspect;

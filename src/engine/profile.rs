@@ -156,6 +156,22 @@ impl Profile {
         }
     }
 
+    /// Records one product over several tensors fused into one (`parts`: each tensor's op and
+    /// bytes): the time is shared out in proportion to the bytes, which is how a product that
+    /// streams its weights spends it, and each op still counts one call.
+    pub fn stop_fused(&mut self, parts: &[(Op, usize)], t0: Option<Instant>) {
+        if let Some(t0) = t0 {
+            let ns = t0.elapsed().as_nanos() as u64;
+            let total = parts.iter().map(|p| p.1 as u64).sum::<u64>().max(1);
+            for &(op, bytes) in parts {
+                let s = &mut self.ops[op as usize];
+                s.calls += 1;
+                s.ns += ns * bytes as u64 / total;
+                s.bytes += bytes as u64;
+            }
+        }
+    }
+
     /// Records an op timed by the caller outside the forward pass (sampling): it counts
     /// towards the wall time too, so the ops stay a part of the wall.
     pub fn record_outside(&mut self, op: Op, ns: u64) {

@@ -70,6 +70,8 @@ impl Arena {
     pub fn new(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize) -> Arena {
         let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
         let widest = d.max(qd).max(ff);
+        // `tmp` also takes one token's fused q|k|v or gate|up product when decoding.
+        let tmp = (chunk * widest).max(qd + 2 * kvd).max(2 * ff);
         Arena {
             chunk,
             x: vec![0.0; chunk * d],
@@ -80,7 +82,7 @@ impl Arena {
             att: vec![0.0; chunk * qd],
             gate: vec![0.0; chunk * ff],
             up: vec![0.0; chunk * ff],
-            tmp: vec![0.0; chunk * widest],
+            tmp: vec![0.0; tmp],
             scores: vec![0.0; n_threads.max(1) * n_ctx],
             acts: ActScratch::new(chunk, widest),
             rope: rope_table(hp, n_ctx),
@@ -161,20 +163,49 @@ pub fn forward(
                 .acts
                 .quantize(k, &ar.xn[..n * d], n, need(&[&lw.wq, &lw.wk, &lw.wv]));
             ar.prof.stop(Op::Quantize, t0);
-            for (op, m, out, bias) in [
+            let parts = [
                 (Op::AttnQ, &lw.wq, &mut ar.q, lw.bq),
                 (Op::AttnK, &lw.wk, &mut ar.k, lw.bk),
                 (Op::AttnV, &lw.wv, &mut ar.v, lw.bv),
-            ] {
-                // The bias add is counted with its product (it is the product's epilogue).
-                let t0 = ar.prof.start();
-                mat_into(k, pool, m, &a, &mut ar.tmp, out);
-                if let Some(b) = bias {
-                    for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
-                        (k.add)(row, b);
+            ];
+            match lw.qkv.filter(|_| n == 1) {
+                // Decoding: one product over q, k and v packed side by side, one pass over
+                // their weights (and one hand-off between threads instead of three).
+                Some(fused) => {
+                    let t0 = ar.prof.start();
+                    matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
+                    let mut at = 0;
+                    for (_, m, out, bias) in parts {
+                        out[..m.rows].copy_from_slice(&ar.tmp[at..at + m.rows]);
+                        if let Some(b) = bias {
+                            (k.add)(&mut out[..m.rows], b);
+                        }
+                        at += m.rows;
+                    }
+                    let bytes = |m: &Mat<'_>| m.bytes();
+                    ar.prof.stop_fused(
+                        &[
+                            (Op::AttnQ, bytes(&lw.wq)),
+                            (Op::AttnK, bytes(&lw.wk)),
+                            (Op::AttnV, bytes(&lw.wv)),
+                        ],
+                        t0,
+                    );
+                }
+                None => {
+                    for (op, m, out, bias) in parts {
+                        // The bias add is counted with its product (it is the product's
+                        // epilogue).
+                        let t0 = ar.prof.start();
+                        mat_into(k, pool, m, &a, &mut ar.tmp, out);
+                        if let Some(b) = bias {
+                            for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
+                                (k.add)(row, b);
+                            }
+                        }
+                        ar.prof.stop_bytes(op, t0, m.bytes());
                     }
                 }
-                ar.prof.stop_bytes(op, t0, m.bytes());
             }
         }
         let n_rot = hp.n_rot;
@@ -244,12 +275,31 @@ pub fn forward(
                 .acts
                 .quantize(k, &ar.xn[..n * d], n, need(&[&lw.w_gate, &lw.w_up]));
             ar.prof.stop(Op::Quantize, t0);
-            let t0 = ar.prof.start();
-            mat_into(k, pool, &lw.w_gate, &a, &mut ar.tmp, &mut ar.gate);
-            ar.prof.stop_bytes(Op::FfnGate, t0, lw.w_gate.bytes());
-            let t0 = ar.prof.start();
-            mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
-            ar.prof.stop_bytes(Op::FfnUp, t0, lw.w_up.bytes());
+            match lw.gate_up.filter(|_| n == 1) {
+                // Decoding: gate and up in one product, as q/k/v above.
+                Some(fused) => {
+                    let t0 = ar.prof.start();
+                    matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
+                    let ff = hp.n_ff;
+                    ar.gate[..ff].copy_from_slice(&ar.tmp[..ff]);
+                    ar.up[..ff].copy_from_slice(&ar.tmp[ff..2 * ff]);
+                    ar.prof.stop_fused(
+                        &[
+                            (Op::FfnGate, lw.w_gate.bytes()),
+                            (Op::FfnUp, lw.w_up.bytes()),
+                        ],
+                        t0,
+                    );
+                }
+                None => {
+                    let t0 = ar.prof.start();
+                    mat_into(k, pool, &lw.w_gate, &a, &mut ar.tmp, &mut ar.gate);
+                    ar.prof.stop_bytes(Op::FfnGate, t0, lw.w_gate.bytes());
+                    let t0 = ar.prof.start();
+                    mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
+                    ar.prof.stop_bytes(Op::FfnUp, t0, lw.w_up.bytes());
+                }
+            }
         }
         {
             let nf = n * hp.n_ff;

@@ -10,7 +10,7 @@ pub mod synth;
 
 pub use hparams::{HParams, RopeType};
 use matrix::Mat;
-pub use packed::Packed;
+pub use packed::{HUGEPAGES_ENV, Packed, advise_huge_pages};
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
@@ -90,6 +90,10 @@ pub struct LayerWeights<'a> {
     pub w_gate: Mat<'a>,
     pub w_up: Mat<'a>,
     pub w_down: Mat<'a>,
+    /// q, k and v as one matrix (their rows in turn), when they were packed side by side.
+    pub qkv: Option<Mat<'a>>,
+    /// gate and up as one matrix, likewise.
+    pub gate_up: Option<Mat<'a>>,
 }
 
 /// A model ready to run.
@@ -410,7 +414,17 @@ impl Model {
     pub fn layer_in<'a>(&'a self, l: usize, packed: Option<&'a Packed>) -> LayerWeights<'a> {
         let r = &self.layers[l];
         let mat = |t| self.mat_in(t, packed);
+        let fused = |ts: &[TensorRef]| {
+            let indices: [usize; 3] = std::array::from_fn(|i| ts[i.min(ts.len() - 1)].index);
+            packed?.span(&indices[..ts.len()]).map(|data| Mat {
+                rows: ts.iter().map(|t| t.rows).sum(),
+                cols: ts[0].cols,
+                data,
+            })
+        };
         LayerWeights {
+            qkv: fused(&[r.wq, r.wk, r.wv]),
+            gate_up: fused(&[r.w_gate, r.w_up]),
             attn_norm: self.vec(r.attn_norm),
             wq: mat(r.wq),
             wk: mat(r.wk),

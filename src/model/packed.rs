@@ -129,6 +129,32 @@ impl Packed {
         })
     }
 
+    /// Tensors `indices`, if all were packed into one buffer one after the other: one view
+    /// over all of them, whose rows are theirs in turn. A product over it is the products over
+    /// each (a row's result depends on that row only), with one pass over the weights.
+    pub fn span(&self, indices: &[usize]) -> Option<MatData<'_>> {
+        let slot = |i: usize| self.slots.get(i).copied().flatten();
+        let range = |s: Slot| match s {
+            Slot::Q4_0(a, n) | Slot::Q4_1(a, n) | Slot::Q8_0(a, n) => (a, n),
+        };
+        let first = slot(*indices.first()?)?;
+        let mut last = first;
+        for &i in &indices[1..] {
+            let next = slot(i)?;
+            let ((a, n), (b, _)) = (range(last), range(next));
+            if std::mem::discriminant(&last) != std::mem::discriminant(&next) || a + n != b {
+                return None;
+            }
+            last = next;
+        }
+        let (start, (l, ln)) = (range(first).0, range(last));
+        Some(match first {
+            Slot::Q4_0(..) => MatData::Q4_0x8(&self.q4_0[start..l + ln]),
+            Slot::Q4_1(..) => MatData::Q4_1x8(&self.q4_1[start..l + ln]),
+            Slot::Q8_0(..) => MatData::Q8_0x8(&self.q8_0[start..l + ln]),
+        })
+    }
+
     /// How many tensors were packed and their bytes.
     pub fn stats(&self) -> (usize, usize) {
         let n = self.slots.iter().flatten().count();
@@ -147,7 +173,7 @@ pub const HUGEPAGES_ENV: &str = "EDGELLM_HUGEPAGES";
 /// about to be written: a few dozen page faults instead of ~22,000 for 90 MB of weights, which
 /// is time to the first token, and fewer TLB misses when decoding streams the weights. A hint:
 /// where THP is off (`/sys/kernel/mm/transparent_hugepage/enabled` = never) nothing changes.
-fn advise_huge_pages<T>(buf: &mut [std::mem::MaybeUninit<T>]) {
+pub fn advise_huge_pages<T>(buf: &mut [std::mem::MaybeUninit<T>]) {
     const HUGE: usize = 2 << 20;
     if std::env::var_os(HUGEPAGES_ENV).is_some_and(|v| v == "0") {
         return;
