@@ -37,6 +37,9 @@ else
     export EDGELLM_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/edgellm"
     llama_bench=${LLAMA_BENCH:-"$(bench/build-llamacpp.sh)/bin/llama-bench"}
 fi
+# The read bandwidth (and so the bound of decoding) is measured by edgellm bench in the same
+# rounds; under an emulator it would measure the emulator.
+bw_flag=(); [ "$arch" = native ] && bw_flag=(--bandwidth)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -44,7 +47,7 @@ for q in "${quants[@]}"; do
     model=$(models/fetch.sh "$q" | tail -n 1)
     for r in $(seq "$rounds"); do
         echo "bench: $q round $r/$rounds" >&2
-        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" --json > "$out/edgellm-$q-$r.json"
+        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" "${bw_flag[@]}" --json > "$out/edgellm-$q-$r.json"
         "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
     done
 done
@@ -60,12 +63,16 @@ if emulated:
 print(f"| quant | test | threads | edgellm t/s | llama.cpp t/s | ratio |")
 print(f"|---|---|---:|---:|---:|---:|")
 targets = []
+bounds = []
+ratio = {}
 for q in quants:
-    ours, theirs = {}, {}
+    ours, theirs, bw = {}, {}, {}
     for f in sorted(glob.glob(f"{out}/edgellm-{q}-*.json")):
         for row in json.load(open(f)):
             ours.setdefault(("pp", row["threads"]), []).append(row["pp_tps"])
             ours.setdefault(("tg", row["threads"]), []).append(row["tg_tps"])
+            if "tg_bound_tps" in row:
+                bw.setdefault(row["threads"], []).append((row["bw_gbps"], row["tg_bound_tps"]))
     for f in sorted(glob.glob(f"{out}/llama-{q}-*.json")):
         for row in json.load(open(f)):
             test = "pp" if row["n_prompt"] > 0 else "tg"
@@ -77,9 +84,35 @@ for q in quants:
         n = pp if key[0] == "pp" else ng
         label = " (emulated)" if emulated else ""
         print(f"| {q.upper()} | {key[0]}{n}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} |")
+        ratio[(q, key[0], key[1])] = a / b
         if emulated and key[0] == "tg":
             met = "met" if a >= b else "NOT met"
             targets.append(f"- {q.upper()} tg{n} t={key[1]}: {a / b:.2f}x, target >= 1.00x (emulated): {met}")
+        if key[0] == "tg" and key[1] in bw:
+            g = st.mean(x[0] for x in bw[key[1]])
+            bound = st.mean(x[1] for x in bw[key[1]])
+            bounds.append((q, key[1], g, bound, a, b))
+if bounds:
+    print()
+    print("Bound of decoding: read bandwidth (probe on huge pages, in the same rounds) / weight bytes per token.")
+    print()
+    print("| quant | threads | read GB/s | bound t/s | edgellm tg | % of bound | llama.cpp tg | % of bound |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for q, t, g, bound, a, b in bounds:
+        print(f"| {q.upper()} | {t} | {g:.1f} | {bound:.0f} | {a:.1f} | {100 * a / bound:.0f}% | {b:.1f} | {100 * b / bound:.0f}% |")
+        ratio[(q, "bound", t)] = a / bound
+if not emulated:
+    def target(name, key, want):
+        if key in ratio:
+            v = ratio[key]
+            shown = f"{100 * v:.0f}%" if key[1] == "bound" else f"{v:.2f}x"
+            want_s = f"{100 * want:.0f}%" if key[1] == "bound" else f"{want:.2f}x"
+            targets.append(f"- {name}: {shown}, target >= {want_s}: {'met' if v >= want else 'NOT met'}")
+    for t in (1, 2):
+        target(f"Q4_0 tg t={t} vs llama.cpp", ("q4_0", "tg", t), 1.0)
+        target(f"Q4_0 pp t={t} vs llama.cpp", ("q4_0", "pp", t), 0.8)
+        target(f"Q4_1 tg t={t} vs llama.cpp", ("q4_1", "tg", t), 1.5)
+    target("Q4_0 tg t=1, share of the bandwidth bound", ("q4_0", "bound", 1), 0.85)
 if targets:
     print()
     print("\n".join(targets))

@@ -1,7 +1,7 @@
-//! Weights packed at load (the `avx512vnni` path's interleaved layout) change no answer: an
-//! engine on the packing path gives, bit for bit, the logits of the same arithmetic over the
-//! file's layout (`avx2`), decoding's fused q|k|v and gate|up products included, and a packed
-//! model still serves engines of other paths.
+//! Weights packed at load (the interleaved layout of `avx512vnni`, `dotprod` and `i8mm`)
+//! change no answer: an engine on a packing path gives, bit for bit, the logits of the same
+//! arithmetic over the file's layout (`avx2`, `neon`), decoding's fused q|k|v and gate|up
+//! products included, and a packed model still serves engines of other paths.
 
 use edgellm::engine::{Engine, EngineConfig};
 use edgellm::gguf::GgmlType;
@@ -66,41 +66,64 @@ fn specs() -> Vec<SynthSpec> {
     v
 }
 
+/// Each path with packed products, and a path of the same arithmetic over the file's layout:
+/// `avx512vnni`'s integer sums are `avx2`'s bits, and every ARM path computes the pair form of
+/// `neon/dot.rs` (base NEON has no packed products).
+fn pairs() -> Vec<(&'static Kernels, &'static Kernels)> {
+    [
+        (Path::Avx512Vnni, Path::Avx2),
+        (Path::Dotprod, Path::Neon),
+        (Path::I8mm, Path::Neon),
+    ]
+    .into_iter()
+    .filter_map(|(p, q)| Some((Kernels::for_path(p).ok()?, Kernels::for_path(q).ok()?)))
+    .collect()
+}
+
 #[test]
 fn packed_weights_give_the_bits_of_the_files_layout() {
-    let (Ok(packing), Ok(plain)) = (
-        Kernels::for_path(Path::Avx512Vnni),
-        Kernels::for_path(Path::Avx2),
-    ) else {
+    let pairs = pairs();
+    if pairs.is_empty() {
         eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
         return;
-    };
-    assert!(packing.packed.is_some() && plain.packed.is_none());
-    for spec in specs() {
-        let model = Arc::new(synth_model(&spec));
-        let want = logits(&model, plain, 1);
-        assert!(model.packed().is_none(), "an avx2 engine packed the model");
-        for threads in [1, 2, 3] {
-            let got = logits(&model, packing, threads);
-            same_bits(&format!("{spec:?} {threads} threads"), &got, &want);
+    }
+    for (packing, plain) in pairs {
+        assert!(packing.packed.is_some() && plain.packed.is_none());
+        for spec in specs() {
+            let what = format!("{} vs {} {spec:?}", packing.name(), plain.name());
+            let model = Arc::new(synth_model(&spec));
+            let want = logits(&model, plain, 1);
+            assert!(
+                model.packed().is_none(),
+                "{what}: the plain engine packed the model"
+            );
+            for threads in [1, 2, 3] {
+                let got = logits(&model, packing, threads);
+                same_bits(&format!("{what} {threads} threads"), &got, &want);
+            }
+            // Every layer matrix is packed, and the output when its rows are whole groups of 8.
+            let (n, _) = model.packed().expect("the packing engine packs").stats();
+            let per_layer = 7 * model.hp.n_layer;
+            let output = usize::from(spec.n_vocab % 8 == 0);
+            assert_eq!(n, per_layer + output, "{what}: packed matrices");
+            // The packed model still serves a path that reads the file's layout.
+            same_bits(
+                &format!("{what}, plain after packing"),
+                &logits(&model, plain, 2),
+                &want,
+            );
         }
-        // Every layer matrix is packed, and the output when its rows are whole groups of 8.
-        let (n, _) = model.packed().expect("the avx512vnni engine packs").stats();
-        let per_layer = 7 * model.hp.n_layer;
-        let output = usize::from(spec.n_vocab % 8 == 0);
-        assert_eq!(n, per_layer + output, "{spec:?}: packed matrices");
-        // The packed model still serves a path that reads the file's layout.
-        same_bits(
-            &format!("{spec:?} avx2 after packing"),
-            &logits(&model, plain, 2),
-            &want,
+        eprintln!(
+            "engine_packed: {} (packed) gives the bits of {}",
+            packing.name(),
+            plain.name()
         );
     }
 }
 
 #[test]
 fn a_packed_model_serves_the_reference_path_unchanged() {
-    let Ok(packing) = Kernels::for_path(Path::Avx512Vnni) else {
+    let Some(&(packing, _)) = pairs().first() else {
         eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
         return;
     };

@@ -193,12 +193,11 @@ fn every_path_with_packed_products_gives_its_unpacked_bits() {
         "kernels_neon: packed products checked on [{}]",
         checked.join(" ")
     );
-    // On a CPU with the features, the path that packs must have been among them.
-    if Path::Avx512Vnni.is_available() {
-        assert!(
-            checked.contains(&"avx512vnni"),
-            "avx512vnni has no packed products"
-        );
+    // On a CPU with the features, the paths that pack must have been among them.
+    for p in [Path::Avx512Vnni, Path::Dotprod, Path::I8mm] {
+        if p.is_available() {
+            assert!(checked.contains(&p.name()), "{p} has no packed products");
+        }
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! - [`NEON`] needs nothing beyond the aarch64 baseline (Cortex-A53): integer block products
 //!   with `smull`/`smlal` and pairwise widening adds, f16 conversions with `fcvtl`/`fcvtn`.
-//! - [`DOTPROD`] replaces the integer block products with `sdot` (vec_dot, matvec, matmul).
+//! - [`DOTPROD`] replaces the integer block products with `sdot` (vec_dot, matvec, matmul),
+//!   and has products over weights packed 8 rows at a time (`packed.rs`, `sdot` by element),
+//!   which the engine then uses.
 //! - [`I8MM`] adds `smmla` for the prompt-batch products (matmul), 2 rows × 2 tokens per
 //!   instruction; token generation (matvec) stays on `sdot`.
 //!
@@ -23,10 +25,11 @@ mod fp16;
 mod matmul;
 mod matvec;
 mod ops;
+mod packed;
 mod quant;
 
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
-use crate::dispatch::{Kernels, Path};
+use crate::dispatch::{Kernels, PackedKernels, Path};
 
 /// ARMv8.0 base NEON.
 pub(crate) const NEON: Kernels = Kernels {
@@ -70,6 +73,14 @@ pub(crate) const DOTPROD: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::matmul_dotprod::<BlockQ4_0>,
     matmul_q4_1_q8_1: matmul::matmul_dotprod::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_dotprod::<BlockQ8_0>,
+    packed: Some(PackedKernels {
+        matvec_q4_0x8_q8_0: packed::matvec_q4_0x8_q8_0,
+        matvec_q4_1x8_q8_1: packed::matvec_q4_1x8_q8_1,
+        matvec_q8_0x8_q8_0: packed::matvec_q8_0x8_q8_0,
+        matmul_q4_0x8_q8_0: packed::matmul_q4_0x8_q8_0,
+        matmul_q4_1x8_q8_1: packed::matmul_q4_1x8_q8_1,
+        matmul_q8_0x8_q8_0: packed::matmul_q8_0x8_q8_0,
+    }),
     ..NEON
 };
 
