@@ -182,7 +182,7 @@ impl Engine {
             )));
         }
         if kernels.packed.is_some() {
-            model.pack();
+            model.pack(cfg.threads);
         }
         let pool = Pool::new(cfg.threads)?;
         let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);

@@ -327,8 +327,8 @@ impl Model {
     /// Packs the weight matrices into the kernels' interleaved layout (once; later calls
     /// return at once), in the order the forward pass reads them, and drops the file's pages of
     /// the tensor data from RAM. Not done for a model opened with `mlock` (see `packed.rs`).
-    /// Returns whether packed weights exist.
-    pub fn pack(&self) -> bool {
+    /// `threads` threads share the work. Returns whether packed weights exist.
+    pub fn pack(&self, threads: usize) -> bool {
         if self.gguf.is_locked() {
             return false;
         }
@@ -341,14 +341,14 @@ impl Model {
                 }
             }
             mats.push((self.output.index, self.mat(self.output)));
-            let p = Packed::build(self.gguf.tensors().len(), &mats, &|b| {
+            let p = Packed::build(self.gguf.tensors().len(), &mats, threads, &|b| {
                 self.gguf.release_bytes(b)
             });
             // What the 64 KiB steps left at the edges of the pieces.
             self.gguf.release_tensor_data_pages();
             let (n, bytes) = p.stats();
             tracing::debug!(
-                "packed {n} weight matrices ({:.1} MiB) in {:.0} ms",
+                "packed {n} weight matrices ({:.1} MiB) on {threads} thread(s) in {:.0} ms",
                 bytes as f64 / (1 << 20) as f64,
                 t0.elapsed().as_secs_f64() * 1e3
             );

@@ -15,7 +15,8 @@
 
 use super::matrix::{Mat, MatData};
 use kernels_neon::{
-    BlockFormat, BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0x8, PACK_ROWS, PackedFormat, pack_matrix,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS,
+    PackedFormat, pack_matrix,
 };
 
 /// Where a packed tensor lives.
@@ -46,75 +47,136 @@ fn packable(m: &Mat<'_>) -> bool {
 }
 
 /// Source bytes packed between two calls of the release callback: the file's pages go as the
-/// copy grows, so the two are never both resident for more than this (and a page or two).
+/// copy grows, so the two are never both resident for more than this (and a page or two) per
+/// packing thread.
 const RELEASE_STEP: usize = 1 << 20;
 
-fn push<P: PackedFormat>(
-    dst: &mut Vec<P>,
-    w: &[P::Row],
-    nb: usize,
-    release: &dyn Fn(&[u8]),
-) -> (usize, usize) {
-    let start = dst.len();
-    let n = w.len() / PACK_ROWS;
-    // Within the capacity reserved up front: no reallocation, and the zeroes cost little next
-    // to the page faults that come with them.
-    dst.resize(start + n, P::zeroed());
-    let groups_per_step = (RELEASE_STEP / std::mem::size_of::<P>() / nb).max(1);
-    let out = dst[start..].chunks_mut(nb * groups_per_step);
-    for (step, out) in w.chunks(nb * PACK_ROWS * groups_per_step).zip(out) {
-        pack_matrix(step, nb, out);
-        release(bytemuck::cast_slice(step));
+/// One step of packing: some groups of one matrix and where they go.
+enum Job<'s, 'd> {
+    Q4_0(&'s [BlockQ4_0], &'d mut [BlockQ4_0x8], usize),
+    Q4_1(&'s [BlockQ4_1], &'d mut [BlockQ4_1x8], usize),
+    Q8_0(&'s [BlockQ8_0], &'d mut [BlockQ8_0x8], usize),
+}
+
+impl Job<'_, '_> {
+    fn run(self, release: &(dyn Fn(&[u8]) + Sync)) {
+        let src: &[u8] = match self {
+            Job::Q4_0(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q4_1(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q8_0(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+        };
+        release(src);
     }
-    (start, n)
+}
+
+/// Cuts matrix `w` (`nb` blocks per row) into steps, packing into `dst` (its slot).
+fn steps<'s, 'd, P: PackedFormat>(
+    w: &'s [P::Row],
+    dst: &'d mut [P],
+    nb: usize,
+    job: fn(&'s [P::Row], &'d mut [P], usize) -> Job<'s, 'd>,
+    jobs: &mut Vec<Job<'s, 'd>>,
+) {
+    let groups_per_step = (RELEASE_STEP / std::mem::size_of::<P>() / nb).max(1);
+    let outs = dst.chunks_mut(nb * groups_per_step);
+    for (step, out) in w.chunks(nb * PACK_ROWS * groups_per_step).zip(outs) {
+        jobs.push(job(step, out, nb));
+    }
 }
 
 impl Packed {
     /// Packs `mats` (tensor index, matrix), in this order; the ones that cannot be packed and
-    /// repeats (tied embeddings) are left out. Each buffer is allocated once, at its final size.
-    /// `release` is handed each piece of source data once it is packed.
-    pub fn build(n_tensors: usize, mats: &[(usize, Mat<'_>)], release: &dyn Fn(&[u8])) -> Packed {
-        let mut p = Packed {
-            slots: vec![None; n_tensors],
-            ..Packed::default()
-        };
+    /// repeats (tied embeddings) are left out. Each buffer is allocated once, at its final size,
+    /// and filled by `threads` threads, 1 MiB steps dealt out in turn (the page faults of a
+    /// fresh buffer are much of the cost, and they run in parallel too). `release` is handed
+    /// each piece of source data once it is packed.
+    pub fn build(
+        n_tensors: usize,
+        mats: &[(usize, Mat<'_>)],
+        threads: usize,
+        release: &(dyn Fn(&[u8]) + Sync),
+    ) -> Packed {
+        let mut slots = vec![None; n_tensors];
         let mut want = [0usize; 3];
-        let mut seen = vec![false; n_tensors];
         for (i, m) in mats {
-            if packable(m) && !std::mem::replace(&mut seen[*i], true) {
-                let blocks = m.rows / PACK_ROWS * (m.cols / 32);
-                match m.data {
-                    MatData::Q4_0(_) => want[0] += blocks,
-                    MatData::Q4_1(_) => want[1] += blocks,
-                    _ => want[2] += blocks,
-                }
-            }
-        }
-        p.q4_0.reserve_exact(want[0]);
-        p.q4_1.reserve_exact(want[1]);
-        p.q8_0.reserve_exact(want[2]);
-        advise_huge_pages(p.q4_0.spare_capacity_mut());
-        advise_huge_pages(p.q4_1.spare_capacity_mut());
-        advise_huge_pages(p.q8_0.spare_capacity_mut());
-        for (i, m) in mats {
-            if !packable(m) || p.slots[*i].is_some() {
+            if !packable(m) || slots[*i].is_some() {
                 continue;
             }
-            let nb = m.cols / 32;
-            p.slots[*i] = Some(match m.data {
-                MatData::Q4_0(w) => {
-                    let (s, n) = push(&mut p.q4_0, w, nb, release);
-                    Slot::Q4_0(s, n)
+            let n = m.rows / PACK_ROWS * (m.cols / 32);
+            let (k, slot): (usize, fn(usize, usize) -> Slot) = match m.data {
+                MatData::Q4_0(_) => (0, Slot::Q4_0),
+                MatData::Q4_1(_) => (1, Slot::Q4_1),
+                _ => (2, Slot::Q8_0),
+            };
+            slots[*i] = Some(slot(want[k], n));
+            want[k] += n;
+        }
+        // Zeroed allocations of this size are fresh pages, not written until packing touches
+        // them, so the huge-page hint still applies.
+        let mut p = Packed {
+            q4_0: bytemuck::zeroed_vec(want[0]),
+            q4_1: bytemuck::zeroed_vec(want[1]),
+            q8_0: bytemuck::zeroed_vec(want[2]),
+            slots,
+        };
+        advise_huge_pages(&p.q4_0);
+        advise_huge_pages(&p.q4_1);
+        advise_huge_pages(&p.q8_0);
+        let mut jobs = Vec::new();
+        {
+            let (mut q4_0, mut q4_1, mut q8_0) =
+                (&mut p.q4_0[..], &mut p.q4_1[..], &mut p.q8_0[..]);
+            let mut done = vec![false; n_tensors];
+            for (i, m) in mats {
+                if p.slots[*i].is_none() || std::mem::replace(&mut done[*i], true) {
+                    continue;
                 }
-                MatData::Q4_1(w) => {
-                    let (s, n) = push(&mut p.q4_1, w, nb, release);
-                    Slot::Q4_1(s, n)
+                let nb = m.cols / 32;
+                // Slots were given out in this same order: each matrix takes the front of the
+                // rest of its buffer.
+                match m.data {
+                    MatData::Q4_0(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q4_0).split_at_mut(w.len() / PACK_ROWS);
+                        q4_0 = rest;
+                        steps(w, dst, nb, Job::Q4_0, &mut jobs);
+                    }
+                    MatData::Q4_1(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q4_1).split_at_mut(w.len() / PACK_ROWS);
+                        q4_1 = rest;
+                        steps(w, dst, nb, Job::Q4_1, &mut jobs);
+                    }
+                    MatData::Q8_0(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q8_0).split_at_mut(w.len() / PACK_ROWS);
+                        q8_0 = rest;
+                        steps(w, dst, nb, Job::Q8_0, &mut jobs);
+                    }
+                    _ => unreachable!("packable() admits only quantized matrices"),
                 }
-                MatData::Q8_0(w) => {
-                    let (s, n) = push(&mut p.q8_0, w, nb, release);
-                    Slot::Q8_0(s, n)
+            }
+            let threads = threads.clamp(1, jobs.len().max(1));
+            let mut shares: Vec<Vec<Job<'_, '_>>> = (0..threads).map(|_| Vec::new()).collect();
+            for (n, job) in jobs.drain(..).enumerate() {
+                shares[n % threads].push(job);
+            }
+            let mut shares = shares.into_iter();
+            let mine = shares.next().unwrap_or_default();
+            std::thread::scope(|s| {
+                for share in shares {
+                    s.spawn(move || share.into_iter().for_each(|j| j.run(release)));
                 }
-                _ => unreachable!("packable() admits only quantized matrices"),
+                mine.into_iter().for_each(|j| j.run(release));
             });
         }
         p
@@ -173,12 +235,12 @@ pub const HUGEPAGES_ENV: &str = "EDGELLM_HUGEPAGES";
 /// about to be written: a few dozen page faults instead of ~22,000 for 90 MB of weights, which
 /// is time to the first token, and fewer TLB misses when decoding streams the weights. A hint:
 /// where THP is off (`/sys/kernel/mm/transparent_hugepage/enabled` = never) nothing changes.
-pub fn advise_huge_pages<T>(buf: &mut [std::mem::MaybeUninit<T>]) {
+pub fn advise_huge_pages<T>(buf: &[T]) {
     const HUGE: usize = 2 << 20;
     if std::env::var_os(HUGEPAGES_ENV).is_some_and(|v| v == "0") {
         return;
     }
-    let (start, len) = (buf.as_mut_ptr() as usize, std::mem::size_of_val(buf));
+    let (start, len) = (buf.as_ptr() as usize, std::mem::size_of_val(buf));
     let lo = start.next_multiple_of(HUGE);
     let hi = (start + len) & !(HUGE - 1);
     if hi <= lo {
@@ -188,7 +250,8 @@ pub fn advise_huge_pages<T>(buf: &mut [std::mem::MaybeUninit<T>]) {
         return;
     };
     // SAFETY: `lo..hi` lies inside `buf`, memory this process allocated and owns; MADV_HUGEPAGE
-    // only changes how the kernel backs those pages, never their contents or mapping.
+    // only changes how the kernel backs those pages (never their contents or mapping), so the
+    // shared borrow is not written through.
     let r =
         unsafe { nix::sys::mman::madvise(ptr, hi - lo, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
     if let Err(e) = r {
