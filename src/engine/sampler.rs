@@ -100,15 +100,25 @@ impl Rng {
 /// Index of the largest value; ties go to the lowest index (as llama.cpp's greedy sampler).
 /// NaNs are never chosen over a number.
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    // The maximum first, in 16 independent lanes the compiler keeps in vector registers (a
+    // single running (index, value) pair is a chain of compares and branches: ~40 µs over a
+    // 49k vocabulary, 1% of a token), then the first index that holds it.
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let (chunks, tail) = logits.as_chunks::<L>();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best
+    let mut best_v = lanes
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m });
+    for &v in tail {
+        best_v = if v > best_v { v } else { best_v };
+    }
+    logits.iter().position(|&v| v == best_v).unwrap_or(0)
 }
 
 /// A sampler with its scratch space and generator state.
@@ -224,6 +234,38 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition: the first index of the largest number, NaNs never chosen, 0 if none.
+    fn argmax_plain(v: &[f32]) -> usize {
+        let mut best = 0;
+        let mut best_v = f32::NEG_INFINITY;
+        for (i, &x) in v.iter().enumerate() {
+            if x > best_v {
+                best_v = x;
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_on_awkward_inputs() {
+        let mut rng = Rng::new(7);
+        for n in [0usize, 1, 2, 15, 16, 17, 31, 33, 100, 49152] {
+            for case in 0..6 {
+                let mut v: Vec<f32> = (0..n).map(|_| (rng.next_f32() * 8.0).floor()).collect();
+                match case {
+                    1 => v.iter_mut().step_by(3).for_each(|x| *x = f32::NAN),
+                    2 => v.iter_mut().for_each(|x| *x = f32::NAN),
+                    3 => v.iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
+                    4 if n > 0 => v[n - 1] = 100.0,
+                    5 if n > 0 => v[0] = f32::INFINITY,
+                    _ => {}
+                }
+                assert_eq!(argmax(&v), argmax_plain(&v), "n={n} case {case}: {v:?}");
+            }
+        }
+    }
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.5, 3.0, -1.0, 0.5, 2.9, 0.0]
