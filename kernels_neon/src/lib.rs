@@ -13,6 +13,9 @@ pub mod block;
 pub mod dispatch;
 pub mod reference;
 
+#[macro_use]
+mod packed_table;
+
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod portable;

@@ -125,21 +125,35 @@ fn check_matmul<W: WeightFormat>(
     ] {
         let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows + nb * 7) as u64));
         let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok * 3 + nb) as u64, 1.0));
-        let mut want = vec![0.0; rows * n_tok];
-        r::matmul_ref(&w, &a, n_tok, &mut want);
         let mut got = vec![f32::NAN; rows * n_tok];
         fast(&w, &a, n_tok, &mut got);
-        for (ri, row) in w.chunks_exact(nb).enumerate() {
-            for (t, act) in a.chunks_exact(nb).enumerate() {
-                let tol = DOT_REL * nb as f32 * abs_dot(row, act);
-                let i = ri * n_tok + t;
-                assert_close(
-                    &format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"),
-                    got[i],
-                    want[i],
-                    tol,
-                );
-            }
+        assert_matmul_close(&format!("{path}/{name}"), &w, &a, n_tok, &got);
+    }
+}
+
+/// `got` (`[row][tok]`) against the reference product of `w` and `a`, each pair within the
+/// dot-product tolerance.
+fn assert_matmul_close<W: BlockFormat>(
+    what: &str,
+    w: &[W],
+    a: &[W::Activation],
+    n_tok: usize,
+    got: &[f32],
+) {
+    let nb = a.len() / n_tok;
+    let rows = w.len() / nb;
+    let mut want = vec![0.0; rows * n_tok];
+    r::matmul_ref(w, a, n_tok, &mut want);
+    for (ri, row) in w.chunks_exact(nb).enumerate() {
+        for (t, act) in a.chunks_exact(nb).enumerate() {
+            let tol = DOT_REL * nb as f32 * abs_dot(row, act);
+            let i = ri * n_tok + t;
+            assert_close(
+                &format!("{what} {rows}x{nb}x{n_tok} row {ri} tok {t}"),
+                got[i],
+                want[i],
+                tol,
+            );
         }
     }
 }
@@ -201,22 +215,9 @@ fn check_packed<P: PackedFormat>(
         pack_matrix(&w, nb, &mut pw);
         let a: Vec<<P::Row as BlockFormat>::Activation> =
             quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));
-        let mut want = vec![0.0; rows * n_tok];
-        r::matmul_ref(&w, &a, n_tok, &mut want);
         let mut got = vec![f32::NAN; rows * n_tok];
         fast(&pw, &a, n_tok, &mut got);
-        for (ri, row) in w.chunks_exact(nb).enumerate() {
-            for (t, act) in a.chunks_exact(nb).enumerate() {
-                let tol = DOT_REL * nb as f32 * abs_dot(row, act);
-                let i = ri * n_tok + t;
-                assert_close(
-                    &format!("{path}/{name} {rows}x{nb}x{n_tok} row {ri} tok {t}"),
-                    got[i],
-                    want[i],
-                    tol,
-                );
-            }
-        }
+        assert_matmul_close(&format!("{path}/{name}"), &w, &a, n_tok, &got);
     }
 }
 

@@ -29,7 +29,7 @@ mod packed;
 mod quant;
 
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
-use crate::dispatch::{Kernels, PackedKernels, Path};
+use crate::dispatch::{Kernels, Path};
 
 /// ARMv8.0 base NEON.
 pub(crate) const NEON: Kernels = Kernels {
@@ -73,14 +73,7 @@ pub(crate) const DOTPROD: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::matmul_dotprod::<BlockQ4_0>,
     matmul_q4_1_q8_1: matmul::matmul_dotprod::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_dotprod::<BlockQ8_0>,
-    packed: Some(PackedKernels {
-        matvec_q4_0x8_q8_0: packed::matvec_q4_0x8_q8_0,
-        matvec_q4_1x8_q8_1: packed::matvec_q4_1x8_q8_1,
-        matvec_q8_0x8_q8_0: packed::matvec_q8_0x8_q8_0,
-        matmul_q4_0x8_q8_0: packed::matmul_q4_0x8_q8_0,
-        matmul_q4_1x8_q8_1: packed::matmul_q4_1x8_q8_1,
-        matmul_q8_0x8_q8_0: packed::matmul_q8_0x8_q8_0,
-    }),
+    packed: Some(packed::PACKED),
     ..NEON
 };
 

@@ -11,7 +11,6 @@
 use super::dot::ActBlock;
 use super::fp16::{h2f_hi, h2f_lo, load_h8};
 use crate::block::{BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS};
-use crate::reference::check_packed;
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -71,6 +70,13 @@ fn q4_vals(qs: &[u8; 128], h: usize) -> [[int8x16_t; 4]; 2] {
     }
 }
 
+/// Eight f16 (four rows' scales each half) as two f32 vectors, exactly.
+#[inline(always)]
+fn f32x8(h: &[crate::block::f16; 8]) -> [float32x4_t; 2] {
+    let v = load_h8(h);
+    [h2f_lo(v), h2f_hi(v)]
+}
+
 impl Pk for BlockQ4_0x8 {
     type A = BlockQ8_0;
     const HAS_MIN: bool = false;
@@ -81,8 +87,7 @@ impl Pk for BlockQ4_0x8 {
     }
     #[inline(always)]
     fn scales(p: &Self) -> [float32x4_t; 2] {
-        let d = load_h8(&p.d);
-        [h2f_lo(d), h2f_hi(d)]
+        f32x8(&p.d)
     }
     #[inline(always)]
     fn mins(_: &Self) -> [float32x4_t; 2] {
@@ -105,13 +110,11 @@ impl Pk for BlockQ4_1x8 {
     }
     #[inline(always)]
     fn scales(p: &Self) -> [float32x4_t; 2] {
-        let d = load_h8(&p.d);
-        [h2f_lo(d), h2f_hi(d)]
+        f32x8(&p.d)
     }
     #[inline(always)]
     fn mins(p: &Self) -> [float32x4_t; 2] {
-        let m = load_h8(&p.m);
-        [h2f_lo(m), h2f_hi(m)]
+        f32x8(&p.m)
     }
     #[inline(always)]
     fn y(a: &BlockQ8_1) -> [int8x16_t; 2] {
@@ -135,8 +138,7 @@ impl Pk for BlockQ8_0x8 {
     }
     #[inline(always)]
     fn scales(p: &Self) -> [float32x4_t; 2] {
-        let d = load_h8(&p.d);
-        [h2f_lo(d), h2f_hi(d)]
+        f32x8(&p.d)
     }
     #[inline(always)]
     fn mins(_: &Self) -> [float32x4_t; 2] {
@@ -250,43 +252,4 @@ unsafe fn run<P: Pk>(w: &[P], a: &[P::A], nb: usize, n_tok: usize, out: &mut [f3
     }
 }
 
-macro_rules! packed_kernels {
-    ($p:ty, $a:ty, $mv:ident, $mm:ident) => {
-        #[doc = concat!("Matrix-vector product over `", stringify!($p), "` (dotprod).")]
-        pub(crate) fn $mv(w: &[$p], a: &[$a], out: &mut [f32]) {
-            $mm(w, a, 1, out)
-        }
-
-        #[doc = concat!("Matrix-matrix product over `", stringify!($p), "` (dotprod).")]
-        pub(crate) fn $mm(w: &[$p], a: &[$a], n_tok: usize, out: &mut [f32]) {
-            let nb = check_packed(w, a, n_tok, out);
-            if nb == 0 || out.is_empty() {
-                out.fill(0.0);
-                return;
-            }
-            // SAFETY: only referenced by the DOTPROD and I8MM tables, which
-            // `Kernels::for_path` hands out only after runtime detection of dotprod;
-            // `check_packed` checked the shapes.
-            unsafe { run::<$p>(w, a, nb, n_tok, out) }
-        }
-    };
-}
-
-packed_kernels!(
-    BlockQ4_0x8,
-    BlockQ8_0,
-    matvec_q4_0x8_q8_0,
-    matmul_q4_0x8_q8_0
-);
-packed_kernels!(
-    BlockQ4_1x8,
-    BlockQ8_1,
-    matvec_q4_1x8_q8_1,
-    matmul_q4_1x8_q8_1
-);
-packed_kernels!(
-    BlockQ8_0x8,
-    BlockQ8_0,
-    matvec_q8_0x8_q8_0,
-    matmul_q8_0x8_q8_0
-);
+packed_table!("dotprod", "dotprod");

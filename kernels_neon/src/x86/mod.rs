@@ -14,6 +14,7 @@
 //! - `matmul`: one register tile for `vec_dot`, `matvec` (8 rows per pass, weights
 //!   prefetched) and `matmul` (8 rows × 3 tokens), with a row's result independent of the
 //!   tiling; nothing allocated (activation scales converted into a stack scratch).
+//! - `packed`: products over weights interleaved 8 rows at a time (`avx512vnni` only).
 //! - `ops`: the f32 operations (Cephes `exp` polynomial in softmax/silu), f16 conversions
 //!   through F16C.
 //! - `simd`: loads/stores from references, reductions, `exp`.
@@ -27,7 +28,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::dispatch::{Kernels, PackedKernels, Path};
+use crate::dispatch::{Kernels, Path};
 
 /// The AVX2 table. Every kernel has a fast version.
 pub(crate) const AVX2: Kernels = Kernels {
@@ -61,21 +62,15 @@ pub(crate) const AVX2: Kernels = Kernels {
 
 /// The AVX2 table with the quantized matrix-matrix products' integer sums through AVX512-VNNI
 /// `vpdpbusd` (256-bit, `asm!`), Q4_0 and Q8_0 on weights repacked per 8-row group:
-/// bit-identical results, fewer instructions per block (prompt processing). `vec_dot` and
-/// `matvec` (decoding, bound by memory) are AVX2's. Handed out only
+/// bit-identical results, fewer instructions per block (prompt processing), and products over
+/// weights packed at load (`packed.rs`), which the engine uses for decoding. `vec_dot` and
+/// `matvec` over the file's layout are AVX2's. Handed out only
 /// after `is_x86_feature_detected!` confirmed avx512vnni and avx512vl besides the AVX2 set.
 pub(crate) const AVX512VNNI: Kernels = Kernels {
     path: Path::Avx512Vnni,
     matmul_q4_0_q8_0: matmul::vnni::matmul_q4_0_q8_0,
     matmul_q4_1_q8_1: matmul::vnni::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::vnni::matmul_q8_0_q8_0,
-    packed: Some(PackedKernels {
-        matvec_q4_0x8_q8_0: packed::matvec_q4_0x8_q8_0,
-        matvec_q4_1x8_q8_1: packed::matvec_q4_1x8_q8_1,
-        matvec_q8_0x8_q8_0: packed::matvec_q8_0x8_q8_0,
-        matmul_q4_0x8_q8_0: packed::matmul_q4_0x8_q8_0,
-        matmul_q4_1x8_q8_1: packed::matmul_q4_1x8_q8_1,
-        matmul_q8_0x8_q8_0: packed::matmul_q8_0x8_q8_0,
-    }),
+    packed: Some(packed::PACKED),
     ..AVX2
 };

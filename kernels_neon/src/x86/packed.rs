@@ -13,7 +13,6 @@ use super::simd::store_ps;
 use crate::block::{
     BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS, PackedFormat,
 };
-use crate::reference::check_packed;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
@@ -329,42 +328,7 @@ where
     }
 }
 
-macro_rules! packed_kernels {
-    ($p:ty, $a:ty, $mv:ident, $mm:ident) => {
-        #[doc = concat!("Matrix-vector product over `", stringify!($p), "` (AVX2 + AVX512-VNNI).")]
-        pub(crate) fn $mv(w: &[$p], a: &[$a], out: &mut [f32]) {
-            $mm(w, a, 1, out)
-        }
-
-        #[doc = concat!("Matrix-matrix product over `", stringify!($p), "` (AVX2 + AVX512-VNNI).")]
-        pub(crate) fn $mm(w: &[$p], a: &[$a], n_tok: usize, out: &mut [f32]) {
-            let nb = check_packed(w, a, n_tok, out);
-            if nb == 0 || out.is_empty() {
-                out.fill(0.0);
-                return;
-            }
-            // SAFETY: only reachable through the `avx512vnni` table (avx2, fma, f16c,
-            // avx512vnni and avx512vl detected at runtime); `check_packed` checked the shapes.
-            unsafe { run::<$p>(w, a, nb, n_tok, out) }
-        }
-    };
-}
-
-packed_kernels!(
-    BlockQ4_0x8,
-    BlockQ8_0,
-    matvec_q4_0x8_q8_0,
-    matmul_q4_0x8_q8_0
-);
-packed_kernels!(
-    BlockQ4_1x8,
-    BlockQ8_1,
-    matvec_q4_1x8_q8_1,
-    matmul_q4_1x8_q8_1
-);
-packed_kernels!(
-    BlockQ8_0x8,
-    BlockQ8_0,
-    matvec_q8_0x8_q8_0,
-    matmul_q8_0x8_q8_0
+packed_table!(
+    "AVX2 + AVX512-VNNI",
+    "avx2, fma, f16c, avx512vnni, avx512vl"
 );
