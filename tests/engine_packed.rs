@@ -144,3 +144,27 @@ fn a_packed_model_serves_the_reference_path_unchanged() {
         &want,
     );
 }
+
+/// A model that would not fit packed in the memory available stays in the file's layout,
+/// and a packing path then runs over that layout: its own unpacked bits.
+#[test]
+fn without_room_to_pack_the_file_layout_serves() {
+    let Some(&(packing, _)) = pairs().first() else {
+        eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
+        return;
+    };
+    let spec = SynthSpec {
+        weight_type: GgmlType::Q4_1,
+        n_vocab: 304,
+        ..Default::default()
+    };
+    let roomy = Arc::new(synth_model(&spec));
+    let want = logits(&roomy, packing, 1);
+    assert!(roomy.packed().is_some_and(|p| p.stats().0 > 0));
+    let tight = Arc::new(synth_model(&spec));
+    assert!(!tight.pack_within(1, Some(1024)), "packed into 1 KiB");
+    assert_eq!(tight.packed().map(|p| p.stats().0), Some(0));
+    // The engine's own call to pack finds the decision made.
+    let got = logits(&tight, packing, 2);
+    same_bits("file layout on a packing path", &got, &want);
+}

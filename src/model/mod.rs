@@ -327,12 +327,19 @@ impl Model {
     /// Packs the weight matrices into the kernels' interleaved layout (once; later calls
     /// return at once), in the order the forward pass reads them, and drops the file's pages of
     /// the tensor data from RAM. Not done for a model opened with `mlock` (see `packed.rs`).
-    /// `threads` threads share the work. Returns whether packed weights exist.
+    /// `threads` threads share the work. Not done either when the packed copy would not fit
+    /// comfortably in the memory available (see `packed::fits`). Returns whether packed
+    /// weights exist.
     pub fn pack(&self, threads: usize) -> bool {
+        self.pack_within(threads, packed::mem_available())
+    }
+
+    /// [`Model::pack`] with the memory available given (`None`: unknown, pack anyway).
+    pub fn pack_within(&self, threads: usize, available: Option<u64>) -> bool {
         if self.gguf.is_locked() {
             return false;
         }
-        self.packed.get_or_init(|| {
+        let p = self.packed.get_or_init(|| {
             let t0 = std::time::Instant::now();
             let mut mats = Vec::with_capacity(self.layers.len() * 7 + 1);
             for r in &self.layers {
@@ -341,10 +348,24 @@ impl Model {
                 }
             }
             mats.push((self.output.index, self.mat(self.output)));
+            // The packed copy is anonymous memory, which (without swap) the kernel cannot evict
+            // as it can the file's pages: a model too big for the RAM left runs from the file.
+            let want = packed::packed_bytes(&mats);
+            if let Some(avail) = available {
+                if !packed::fits(want, avail) {
+                    tracing::info!(
+                        "weights not packed: {:.0} MiB would not fit comfortably in the {:.0} MiB \
+                         of memory available; running from the file's layout (slower decoding)",
+                        want as f64 / (1 << 20) as f64,
+                        avail as f64 / (1 << 20) as f64
+                    );
+                    return Packed::default();
+                }
+            }
             let p = Packed::build(self.gguf.tensors().len(), &mats, threads, &|b| {
                 self.gguf.release_bytes(b)
             });
-            // What the 64 KiB steps left at the edges of the pieces.
+            // What the page-aligned steps left at the edges of the pieces.
             self.gguf.release_tensor_data_pages();
             let (n, bytes) = p.stats();
             tracing::debug!(
@@ -354,7 +375,7 @@ impl Model {
             );
             p
         });
-        true
+        p.stats().0 > 0
     }
 
     /// The packed weights, if [`Model::pack`] made them.

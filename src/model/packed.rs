@@ -46,6 +46,30 @@ fn packable(m: &Mat<'_>) -> bool {
     quantized && m.rows > 0 && m.rows.is_multiple_of(PACK_ROWS) && m.cols >= 32
 }
 
+/// Bytes the packed copy of `mats` takes (each tensor once).
+pub fn packed_bytes(mats: &[(usize, Mat<'_>)]) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    mats.iter()
+        .filter(|(i, m)| packable(m) && seen.insert(*i))
+        .map(|(_, m)| m.bytes())
+        .sum()
+}
+
+/// Whether a packed copy of `want` bytes fits in `available` bytes (`MemAvailable`, which
+/// counts the model file's own cached pages, released as packing goes): at most three
+/// quarters of it, so that the rest of the device keeps room.
+pub fn fits(want: usize, available: u64) -> bool {
+    (want as u128) * 4 <= u128::from(available) * 3
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes (`None` where there is no such file or line).
+pub fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Source bytes packed between two calls of the release callback: the file's pages go as the
 /// copy grows, so the two are never both resident for more than this (and a page or two) per
 /// packing thread.
@@ -265,5 +289,27 @@ pub fn packed_row_f32<P: PackedFormat>(w: &[P], nb: usize, r: usize, out: &mut [
     let (g, k) = (r / PACK_ROWS, r % PACK_ROWS);
     for (b, o) in w[g * nb..][..nb].iter().zip(out.chunks_exact_mut(32)) {
         P::Row::dequantize_row(&[b.unpack(k)], o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fits, mem_available};
+
+    #[test]
+    fn packing_needs_a_quarter_of_the_available_memory_to_spare() {
+        let mib = 1u64 << 20;
+        assert!(fits(86 << 20, 400 * mib));
+        assert!(fits(300 << 20, 400 * mib));
+        assert!(!fits(301 << 20, 400 * mib));
+        assert!(!fits(700 << 20, 512 * mib));
+        assert!(!fits(usize::MAX, u64::MAX / 2));
+        assert!(fits(0, 0));
+    }
+
+    #[test]
+    fn available_memory_is_read_on_linux() {
+        let a = mem_available().expect("/proc/meminfo has MemAvailable");
+        assert!(a > 0);
     }
 }
