@@ -75,14 +75,6 @@ impl Mat<'_> {
         }
     }
 
-    /// Whether the data is in the packed layout.
-    pub fn is_packed(&self) -> bool {
-        matches!(
-            self.data,
-            MatData::Q4_0x8(_) | MatData::Q4_1x8(_) | MatData::Q8_0x8(_)
-        )
-    }
-
     /// Copies row `r`, dequantized, into `out` (`cols` values): embedding lookup.
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
