@@ -49,9 +49,12 @@ pub(super) trait Pk: Copy + 'static {
     /// `hi[j]` bytes `16 + 4j..`.
     fn vals(p: &Self, h: usize) -> [[int8x16_t; 4]; 2];
     fn scales(p: &Self) -> [float32x4_t; 2];
-    fn mins(p: &Self) -> [float32x4_t; 2];
-    /// The activation block's 32 bytes, as `[0..16, 16..32]`.
-    fn y(a: &Self::A) -> [int8x16_t; 2];
+    /// The offsets `m` (Q4_1); zero for the formats without.
+    #[inline(always)]
+    fn mins(_: &Self) -> [float32x4_t; 2] {
+        // SAFETY: baseline NEON register intrinsic.
+        unsafe { [vdupq_n_f32(0.0); 2] }
+    }
 }
 
 /// Rows `4h..4h+4` of a packed Q4 block: granule `c`'s low nibbles are values `4c..4c+4`, its
@@ -89,15 +92,6 @@ impl Pk for BlockQ4_0x8 {
     fn scales(p: &Self) -> [float32x4_t; 2] {
         f32x8(&p.d)
     }
-    #[inline(always)]
-    fn mins(_: &Self) -> [float32x4_t; 2] {
-        // SAFETY: baseline NEON register intrinsic.
-        unsafe { [vdupq_n_f32(0.0); 2] }
-    }
-    #[inline(always)]
-    fn y(a: &BlockQ8_0) -> [int8x16_t; 2] {
-        a.qs()
-    }
 }
 
 impl Pk for BlockQ4_1x8 {
@@ -115,10 +109,6 @@ impl Pk for BlockQ4_1x8 {
     #[inline(always)]
     fn mins(p: &Self) -> [float32x4_t; 2] {
         f32x8(&p.m)
-    }
-    #[inline(always)]
-    fn y(a: &BlockQ8_1) -> [int8x16_t; 2] {
-        a.qs()
     }
 }
 
@@ -139,15 +129,6 @@ impl Pk for BlockQ8_0x8 {
     #[inline(always)]
     fn scales(p: &Self) -> [float32x4_t; 2] {
         f32x8(&p.d)
-    }
-    #[inline(always)]
-    fn mins(_: &Self) -> [float32x4_t; 2] {
-        // SAFETY: baseline NEON register intrinsic.
-        unsafe { [vdupq_n_f32(0.0); 2] }
-    }
-    #[inline(always)]
-    fn y(a: &BlockQ8_0) -> [int8x16_t; 2] {
-        a.qs()
     }
 }
 
@@ -189,7 +170,7 @@ unsafe fn tile<P: Pk, const T: usize>(
     for (b, p) in wg.iter().enumerate() {
         let dw = P::scales(p);
         let mw = P::mins(p);
-        let ys: [[int8x16_t; 2]; T] = core::array::from_fn(|j| P::y(&toks[j][b]));
+        let ys: [[int8x16_t; 2]; T] = core::array::from_fn(|j| toks[j][b].qs());
         let da: [f32; T] = core::array::from_fn(|j| toks[j][b].d());
         let cs: [i32; T] = core::array::from_fn(|j| corr::<P>(ys[j]));
         for h in 0..2 {

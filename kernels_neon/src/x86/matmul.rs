@@ -49,6 +49,33 @@ struct Chunk<'a, F: Fmt> {
     t0: usize,
 }
 
+/// The scalars of activation blocks `k0..k0 + kb` of tokens `t0..t0 + tcn` (`nb` blocks per
+/// token), converted into `scratch` and returned as `[tok][block]`: what each tile reads per
+/// block besides the values, converted once per chunk rather than once per row group.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn chunk_scalars<'s, F: Fmt>(
+    a: &[F::A],
+    (nb, t0, tcn, k0, kb): (usize, usize, usize, usize, usize),
+    scratch: &'s mut [MaybeUninit<F::AS>],
+) -> &'s [F::AS] {
+    let n = tcn * kb;
+    assert!(
+        n <= scratch.len(),
+        "chunk_scalars: {n} scalars for a scratch of {}",
+        scratch.len()
+    );
+    for j in 0..tcn {
+        let blocks = &a[(t0 + j) * nb + k0..][..kb];
+        for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
+            // SAFETY: `a_scalars` needs avx2, fma and f16c, which this function runs with.
+            s.write(unsafe { F::a_scalars(blk) });
+        }
+    }
+    // SAFETY: the first `n <= scratch.len()` entries were initialised just above.
+    unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<F::AS>(), n) }
+}
+
 /// Rows `r..r+RV` (`G` groups of 4, the last one possibly padded) × tokens `t..t+RN`, over the
 /// chunk's blocks, accumulated into `out` (`[row][tok]`; read back unless it is the first
 /// chunk, which is exact: a pair's state is that one f32).
@@ -215,16 +242,7 @@ fn run<F: Fmt, const G: usize, const GR: usize, const RN: usize, const S: usize>
         let mut k0 = 0;
         while k0 < nb {
             let kb = kb_max.min(nb - k0);
-            for j in 0..tcn {
-                let blocks = &a[(t0 + j) * nb + k0..][..kb];
-                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
-                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which `run` runs with.
-                    s.write(unsafe { F::a_scalars(blk) });
-                }
-            }
-            // SAFETY: the first `tcn * kb <= S` entries were initialised just above.
-            let sc =
-                unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<F::AS>(), tcn * kb) };
+            let sc = chunk_scalars::<F>(a, (nb, t0, tcn, k0, kb), &mut scratch);
             let c = Chunk::<F> {
                 w,
                 a,
@@ -478,16 +496,7 @@ unsafe fn run_repacked<F: Repack, const RN: usize>(
         let mut k0 = 0;
         while k0 < nb {
             let kb = kb_max.min(nb - k0);
-            for j in 0..tcn {
-                let blocks = &a[(t0 + j) * nb + k0..][..kb];
-                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
-                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which this function runs with.
-                    s.write(unsafe { F::a_scalars(blk) });
-                }
-            }
-            // SAFETY: the first `tcn * kb <= SCRATCH` entries were initialised just above.
-            let sc =
-                unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<F::AS>(), tcn * kb) };
+            let sc = chunk_scalars::<F>(a, (nb, t0, tcn, k0, kb), &mut scratch);
             let pk = &mut pk[..kb];
             let mut r = 0;
             while r < rows {

@@ -9,7 +9,8 @@
 //! `fma(m, s, acc)` for Q4_1), so the results are the AVX2 kernels' bits on the unpacked rows.
 
 use super::dot::{Fmt, Q4_0, Q4_1, Q8_0Vnni, dpbusd};
-use super::simd::store_ps;
+use super::matmul::chunk_scalars;
+use super::simd::{load_ph, store_ps};
 use crate::block::{
     BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS, PackedFormat,
 };
@@ -45,12 +46,6 @@ fn q4_values(qs: &[u8; 128]) -> [__m256i; 8] {
     v
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn ph8(h: &[crate::block::f16; 8]) -> __m256 {
-    super::simd::load_ph(h)
-}
-
 impl Pk for BlockQ4_0x8 {
     type F = Q4_0;
     #[inline]
@@ -61,7 +56,7 @@ impl Pk for BlockQ4_0x8 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
-        (ph8(&p.d), _mm256_setzero_ps())
+        (load_ph(&p.d), _mm256_setzero_ps())
     }
 }
 
@@ -75,7 +70,7 @@ impl Pk for BlockQ4_1x8 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
-        (ph8(&p.d), ph8(&p.m))
+        (load_ph(&p.d), load_ph(&p.m))
     }
 }
 
@@ -98,7 +93,7 @@ impl Pk for BlockQ8_0x8 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
-        (ph8(&p.d), _mm256_setzero_ps())
+        (load_ph(&p.d), _mm256_setzero_ps())
     }
 }
 
@@ -188,17 +183,7 @@ where
         let mut k0 = 0;
         while k0 < nb {
             let kb = kb_max.min(nb - k0);
-            for j in 0..tcn {
-                let blocks = &a[(t0 + j) * nb + k0..][..kb];
-                for (s, blk) in scratch[j * kb..][..kb].iter_mut().zip(blocks) {
-                    // SAFETY: `a_scalars` needs avx2, fma and f16c, which this function runs with.
-                    s.write(unsafe { P::F::a_scalars(blk) });
-                }
-            }
-            // SAFETY: the first `tcn * kb <= SCRATCH` entries were initialised just above.
-            let sc = unsafe {
-                std::slice::from_raw_parts(scratch.as_ptr().cast::<<P::F as Fmt>::AS>(), tcn * kb)
-            };
+            let sc = chunk_scalars::<P::F>(a, (nb, t0, tcn, k0, kb), &mut scratch);
             let ch = Chunk {
                 w,
                 a,
