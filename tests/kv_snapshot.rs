@@ -4,6 +4,9 @@
 //! cache type or a future version is refused with a clear message; a failed save leaves what
 //! was saved intact.
 
+mod common;
+
+use common::synth_prompt as prompt;
 use edgellm::engine::{Engine, EngineConfig, GenParams, Sampler, SamplingParams, Session};
 use edgellm::gguf::GgmlType;
 use edgellm::kv::snapshot::{self, HEADER_LEN};
@@ -39,12 +42,6 @@ fn generate(e: &mut Engine, s: &mut Session, prompt: &[u32], n: usize) -> Vec<u3
     e.generate(s, prompt, &gp, &mut sampler, &|_| false, &mut |_| true)
         .unwrap()
         .generated
-}
-
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + salt * 11 + 5) % 300)
-        .collect()
 }
 
 /// Three turns with a save after each; returns the model, the file's bytes after each save

@@ -5,6 +5,9 @@
 //! share the directory; a read-only directory still answers. And a snapshot written on one
 //! architecture restores on another (CI writes it on x86 and reads it under qemu).
 
+mod common;
+
+use common::synth_prompt as prompt;
 use edgellm::engine::store::{SessionId, SessionStore, Source, StoreConfig, StoreError};
 use edgellm::engine::{Engine, EngineConfig, GenParams, Sampler, SamplingParams};
 use edgellm::kv::{KvType, SaveKind};
@@ -90,12 +93,6 @@ fn fresh(e: &mut Engine, prompt: &[u32]) -> Vec<u32> {
     e.generate(&mut s, prompt, &PARAMS, &mut smp, &|_| false, &mut |_| true)
         .unwrap()
         .generated
-}
-
-fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i * 37 + salt * 11 + 5) % 300)
-        .collect()
 }
 
 fn cat(a: &[u32], b: &[u32]) -> Vec<u32> {

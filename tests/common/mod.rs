@@ -124,3 +124,11 @@ pub fn json_of(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
+
+/// `n` ordinary token ids of the default synthetic model's vocabulary (300), varied by `salt`:
+/// the prompts of the synthetic-model session and snapshot tests.
+pub fn synth_prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + salt * 11 + 5) % 300)
+        .collect()
+}
