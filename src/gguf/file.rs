@@ -311,10 +311,9 @@ impl Gguf {
         if self.locked {
             return;
         }
-        // The data starts at an alignment (32 bytes by default), not at a page: round up to a
-        // 64 KiB boundary, page-aligned for every page size Linux uses; the few pages before it
-        // stay resident.
-        let page = 64 * 1024;
+        // The data starts at an alignment (32 bytes by default), not at a page: round up to
+        // the next page; the one before it stays resident.
+        let page = page_size();
         let start = usize::try_from(self.parsed.data_offset)
             .unwrap_or(usize::MAX)
             .min(m.len())
@@ -347,12 +346,7 @@ impl Gguf {
         }
         // The system's page size: 64 KiB steps would keep up to 128 KiB at the edges of each
         // piece, megabytes over a model's 200 matrices.
-        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-            .ok()
-            .flatten()
-            .and_then(|p| usize::try_from(p).ok())
-            .filter(|p| p.is_power_of_two())
-            .unwrap_or(64 * 1024);
+        let page = page_size();
         let (lo, hi) = (start.next_multiple_of(page), start + bytes.len());
         let hi = hi - hi % page;
         if hi <= lo {
@@ -396,3 +390,14 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Gguf>();
 };
+
+/// The system's page size, or 64 KiB (page-aligned for every page size Linux uses) if it
+/// cannot be read.
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(64 * 1024)
+}
