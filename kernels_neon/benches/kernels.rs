@@ -291,15 +291,18 @@ fn f32_ops(c: &mut Criterion) {
         });
     }
 
-    // One head of the f16 KV cache: a score (dot) and a value accumulation (axpy).
-    let kv = f16_vec(64, 606);
+    // One head of the f16 KV cache over 256 positions (as the cache lays a head out: one
+    // contiguous run): its scores, and the weighted sum of its values.
+    let kv = f16_vec(64 * 256, 606);
     let qh = f32_vec(64, 607, 1.0);
-    bench(c, "dot_f16/64", 64, &|b, k| {
-        b.iter(|| (k.dot_f16)(black_box(&kv), black_box(&qh)))
+    let p = f32_vec(256, 608, 1.0);
+    bench(c, "scores_f16/64x256", 64 * 256, &|b, k| {
+        let mut s = vec![0.0f32; 256];
+        b.iter(|| (k.scores_f16)(black_box(&kv), 64, black_box(&qh), 0.125, &mut s))
     });
-    bench(c, "axpy_f16/64", 64, &|b, k| {
+    bench(c, "mix_f16/64x256", 64 * 256, &|b, k| {
         let mut acc = vec![0.0f32; 64];
-        b.iter(|| (k.axpy_f16)(black_box(&mut acc), black_box(0.37), black_box(&kv)))
+        b.iter(|| (k.mix_f16)(black_box(&kv), 64, black_box(&p), black_box(&mut acc)))
     });
 }
 

@@ -271,6 +271,12 @@ pub struct Kernels {
     pub axpy_f32: fn(&mut [f32], f32, &[f32]),
     pub dot_f16: fn(&[f16], &[f32]) -> f32,
     pub axpy_f16: fn(&mut [f32], f32, &[f16]),
+    /// `(k, stride, q, scale, out)`: a head's attention scores over cached keys,
+    /// `out[j] = dot_f16(k[j·stride..][..q.len()], q) · scale`, one call per head.
+    pub scores_f16: fn(&[f16], usize, &[f32], f32, &mut [f32]),
+    /// `(v, stride, p, out)`: `out += p[j] · v[j·stride..][..out.len()]` for `j` in order,
+    /// each step rounded as `axpy_f16` (so the bits equal one `axpy_f16` per row).
+    pub mix_f16: fn(&[f16], usize, &[f32], &mut [f32]),
     pub f16_to_f32_row: fn(&[f16], &mut [f32]),
     pub f32_to_f16_row: fn(&[f32], &mut [f16]),
 }
@@ -357,6 +363,8 @@ pub const REFERENCE: Kernels = Kernels {
     axpy_f32: r::axpy_f32_ref,
     dot_f16: r::dot_f16_ref,
     axpy_f16: r::axpy_f16_ref,
+    scores_f16: r::scores_f16_ref,
+    mix_f16: r::mix_f16_ref,
     f16_to_f32_row: crate::block::f16_to_f32_row,
     f32_to_f16_row: crate::block::f32_to_f16_row,
 };

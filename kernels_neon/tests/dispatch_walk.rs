@@ -266,6 +266,8 @@ fn check_kernels(k: &Kernels) {
         axpy_f32,
         dot_f16,
         axpy_f16,
+        scores_f16,
+        mix_f16,
         f16_to_f32_row,
         f32_to_f16_row,
     } = *k;
@@ -366,6 +368,8 @@ fn check_kernels(k: &Kernels) {
         }
     }
 
+    check_attention_rows(p, k);
+
     check_unary(p, "softmax", softmax, r::softmax_ref, 3.0);
     // Also softmax over masked scores (-inf) as attention produces them.
     let mut x = f32_vec(37, 5, 4.0);
@@ -408,6 +412,62 @@ fn check_kernels(k: &Kernels) {
                 &want,
                 OPS_REL,
             );
+        }
+    }
+}
+
+/// `scores_f16` and `mix_f16` over strided rows: equal, bit for bit, to the same path's
+/// `dot_f16` / `axpy_f16` row by row (the engine relies on that: the attention's bits do not
+/// depend on which entry point runs), and close to the reference. The elements between rows
+/// are NaN, and the slice ends where the last row does, so a kernel that reads outside its
+/// rows fails (NaN) or panics.
+fn check_attention_rows(p: Path, k: &Kernels) {
+    for width in [1, 7, 8, 9, 31, 63, 64, 65, 72, 128, 130] {
+        for gap in [0, 5] {
+            let stride = width + gap;
+            for n in [0, 1, 3, 17, 70] {
+                let len = if n == 0 { 0 } else { (n - 1) * stride + width };
+                let mut rows = f16_vec(len, (width * 31 + n + gap) as u64);
+                for (i, x) in rows.iter_mut().enumerate() {
+                    if i % stride >= width {
+                        *x = f16::from_f32(f32::NAN);
+                    }
+                }
+                let row = |j: usize| &rows[j * stride..j * stride + width];
+                let what = format!("{p} width={width} stride={stride} n={n}");
+
+                let q = f32_vec(width, width as u64 + 7, 1.0);
+                let mut got = vec![0.0f32; n];
+                (k.scores_f16)(&rows, stride, &q, 0.125, &mut got);
+                let mut want = vec![0.0f32; n];
+                r::scores_f16_ref(&rows, stride, &q, 0.125, &mut want);
+                for j in 0..n {
+                    let own = (k.dot_f16)(row(j), &q) * 0.125;
+                    assert_eq!(got[j].to_bits(), own.to_bits(), "{what}: scores_f16[{j}]");
+                    let abs: f32 = row(j)
+                        .iter()
+                        .zip(&q)
+                        .map(|(a, b)| (a.to_f32() * b).abs())
+                        .sum();
+                    let tol = DOT_REL * width as f32 * abs * 0.125 + 1e-30;
+                    assert_close(&format!("{what}: scores_f16[{j}]"), got[j], want[j], tol);
+                }
+
+                let pr = f32_vec(n, n as u64 + 11, 1.0);
+                let init = f32_vec(width, width as u64 + 13, 1.0);
+                let mut got = init.clone();
+                (k.mix_f16)(&rows, stride, &pr, &mut got);
+                let mut own = init.clone();
+                for (j, &w) in pr.iter().enumerate() {
+                    (k.axpy_f16)(&mut own, w, row(j));
+                }
+                let mut want = init;
+                r::mix_f16_ref(&rows, stride, &pr, &mut want);
+                for c in 0..width {
+                    assert_eq!(got[c].to_bits(), own[c].to_bits(), "{what}: mix_f16[{c}]");
+                }
+                assert_all_close(&format!("{what}: mix_f16"), &got, &want, OPS_REL);
+            }
         }
     }
 }

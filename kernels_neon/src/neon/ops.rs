@@ -7,7 +7,7 @@
 
 use super::fp16::{f2h, f2h_x8, h2f, h2f_hi, h2f_lo, load_h8, store_h8};
 use crate::block::f16;
-use crate::reference::check_rope;
+use crate::reference::{check_rope, check_strided};
 use core::arch::aarch64::*;
 
 #[inline(always)]
@@ -323,6 +323,7 @@ pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
 }
 
 /// `sum(a * b)` with `a` in f16, two accumulators.
+#[inline]
 pub(crate) fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
     let (ac, at) = a.as_chunks::<8>();
@@ -362,6 +363,76 @@ pub(crate) fn axpy_f16(y: &mut [f32], s: f32, x: &[f16]) {
     }
     for (o, &h) in yt.iter_mut().zip(xt) {
         *o += s * h2f(h);
+    }
+}
+
+/// A head's attention scores: `dot_f16` per strided key row, inlined.
+pub(crate) fn scores_f16(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f16(&k[j * stride..j * stride + q.len()], q) * scale;
+    }
+}
+
+/// The output held in registers, 64 columns at a time, across all rows: per row and column
+/// `out + p·v` rounded as `axpy_f16` (a store and reload of f32 is exact), so the bits are the
+/// same as one `axpy_f16` per row.
+pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
+    let w = out.len();
+    let (oc, ot) = out.as_chunks_mut::<8>();
+    let (o8, o1) = oc.as_chunks_mut::<8>();
+    for (t, tile) in o8.iter_mut().enumerate() {
+        mix_tile(v, stride, p, t * 64, tile);
+    }
+    for (t, chunk) in o1.iter_mut().enumerate() {
+        mix_tile(
+            v,
+            stride,
+            p,
+            o8.len() * 64 + t * 8,
+            core::array::from_mut(chunk),
+        );
+    }
+    let t0 = w - ot.len();
+    for (j, &pj) in p.iter().enumerate() {
+        for (c, o) in ot.iter_mut().enumerate() {
+            *o += pj * h2f(v[j * stride + t0 + c]);
+        }
+    }
+}
+
+/// Columns `c0..c0 + 8·C` of [`mix_f16`], accumulated in `2·C` registers.
+#[inline(always)]
+fn mix_tile<const C: usize>(
+    v: &[f16],
+    stride: usize,
+    p: &[f32],
+    c0: usize,
+    tile: &mut [[f32; 8]; C],
+) {
+    // SAFETY: NEON register intrinsics (NEON is part of the aarch64 baseline); memory is
+    // accessed through `ld`/`st`/`load_h8` on references only.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 2]; C];
+        for (a, o) in acc.iter_mut().zip(tile.iter()) {
+            let (o, _) = o.as_chunks::<4>();
+            *a = [ld(&o[0]), ld(&o[1])];
+        }
+        for (j, &pj) in p.iter().enumerate() {
+            let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
+            let (rc, _) = row.as_chunks::<8>();
+            for (a, h) in acc.iter_mut().zip(rc) {
+                let h = load_h8(h);
+                a[0] = vaddq_f32(a[0], vmulq_n_f32(h2f_lo(h), pj));
+                a[1] = vaddq_f32(a[1], vmulq_n_f32(h2f_hi(h), pj));
+            }
+        }
+        for (a, o) in acc.iter().zip(tile.iter_mut()) {
+            let (o, _) = o.as_chunks_mut::<4>();
+            st(&mut o[0], a[0]);
+            st(&mut o[1], a[1]);
+        }
     }
 }
 

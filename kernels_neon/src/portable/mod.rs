@@ -45,6 +45,8 @@ pub(crate) const TABLE: Kernels = Kernels {
     axpy_f32: ops::axpy_f32,
     dot_f16: ops::dot_f16,
     axpy_f16: ops::axpy_f16,
+    scores_f16: ops::scores_f16,
+    mix_f16: ops::mix_f16,
     f16_to_f32_row: ops::f16_to_f32_row,
     f32_to_f16_row: ops::f32_to_f16_row,
 };

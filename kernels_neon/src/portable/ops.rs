@@ -6,7 +6,7 @@
 
 use super::simd::{exp8, f16_to_f32, f16x8_to_f32x8, f32x8_to_f16x8};
 use crate::block::f16;
-use crate::reference::check_rope;
+use crate::reference::{check_rope, check_strided};
 use wide::f32x8;
 
 #[inline]
@@ -232,6 +232,23 @@ impl Widen for f16 {
     #[inline]
     fn widen(self) -> f32 {
         f16_to_f32(self)
+    }
+}
+
+/// A head's attention scores: `dot_f16` per strided key row, inlined.
+pub(crate) fn scores_f16(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_with(&k[j * stride..j * stride + q.len()], q, ld_h) * scale;
+    }
+}
+
+/// A head's weighted sum of strided value rows: `axpy_f16` per row, inlined.
+pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
+    let w = out.len();
+    for (j, &pj) in p.iter().enumerate() {
+        axpy_with(out, pj, &v[j * stride..j * stride + w], ld_h);
     }
 }
 

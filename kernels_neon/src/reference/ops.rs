@@ -134,6 +134,40 @@ pub fn axpy_f16_ref(y: &mut [f32], s: f32, x: &[f16]) {
     }
 }
 
+/// Checks that `data` holds `n` strided rows of `width` elements (row `j` at `j * stride`).
+#[inline]
+pub fn check_strided(what: &str, len: usize, stride: usize, n: usize, width: usize) {
+    let need = match n {
+        0 => Some(0),
+        _ => (n - 1)
+            .checked_mul(stride)
+            .and_then(|a| a.checked_add(width)),
+    };
+    assert!(
+        need.is_some_and(|need| need <= len),
+        "{what}: {n} rows of {width} at stride {stride} do not fit {len} elements"
+    );
+}
+
+/// A head's attention scores over cached keys: `out[j] = dot_f16(row j, q) · scale`, row `j` of
+/// `k` being `k[j·stride..][..q.len()]`.
+pub fn scores_f16_ref(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_f16_ref(&k[j * stride..j * stride + q.len()], q) * scale;
+    }
+}
+
+/// A head's weighted sum of cached values: `out += p[j] · row j` for `j` in order, each step
+/// rounded as [`axpy_f16_ref`]; row `j` of `v` is `v[j·stride..][..out.len()]`.
+pub fn mix_f16_ref(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
+    let w = out.len();
+    for (j, &pj) in p.iter().enumerate() {
+        axpy_f16_ref(out, pj, &v[j * stride..j * stride + w]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
 use crate::block::f16;
-use crate::reference::check_rope;
+use crate::reference::{check_rope, check_strided};
 use std::arch::x86_64::*;
 
 macro_rules! avx2_entry {
@@ -66,6 +66,14 @@ avx2_entry!(
 avx2_entry!(
     /// `y += s * x`, `x` in f16.
     axpy_f16(y: &mut [f32], s: f32, x: &[f16]) => axpy_f16_body
+);
+avx2_entry!(
+    /// A head's attention scores over strided f16 key rows.
+    scores_f16(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) => scores_f16_body
+);
+avx2_entry!(
+    /// A head's weighted sum of strided f16 value rows.
+    mix_f16(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) => mix_f16_body
 );
 avx2_entry!(
     /// f16 → f32 (exact).
@@ -316,25 +324,10 @@ fn axpy_f32_body(y: &mut [f32], s: f32, x: &[f32]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16_body(a: &[f16], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
-    let (ac, at) = a.as_chunks::<8>();
-    let (bc, bt) = b.as_chunks::<8>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let (a4, a1) = ac.as_chunks::<4>();
-    let (b4, b1) = bc.as_chunks::<4>();
-    for (x, y) in a4.iter().zip(b4) {
-        for k in 0..4 {
-            acc[k] = _mm256_fmadd_ps(load_ph(&x[k]), load_ps(&y[k]), acc[k]);
-        }
-    }
-    for (k, (x, y)) in a1.iter().zip(b1).enumerate() {
-        acc[k] = _mm256_fmadd_ps(load_ph(x), load_ps(y), acc[k]);
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut sum = hsum_ps(v);
-    for (&x, &y) in at.iter().zip(bt) {
-        sum += x.to_f32() * y;
-    }
-    sum
+    let mut s = [0.0];
+    // One row; the scale 1.0 leaves the sum's bits unchanged.
+    scores_f16_body(a, a.len(), b, 1.0, &mut s);
+    s[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -348,6 +341,91 @@ fn axpy_f16_body(y: &mut [f32], s: f32, x: &[f16]) {
     }
     for (o, &v) in yt.iter_mut().zip(xt) {
         *o += s * v.to_f32();
+    }
+}
+
+/// Per row, four 8-lane accumulators over the 8-element chunks (chunk `c` into `acc[c % 4]`),
+/// summed `(0 + 1) + (2 + 3)`, then the tail in order: one call per head, not per position.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores_f16_body(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
+    let (bc, bt) = q.as_chunks::<8>();
+    let (b4, b1) = bc.as_chunks::<4>();
+    for (j, o) in out.iter_mut().enumerate() {
+        let a = &k[j * stride..j * stride + q.len()];
+        let (ac, at) = a.as_chunks::<8>();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let (a4, a1) = ac.as_chunks::<4>();
+        for (x, y) in a4.iter().zip(b4) {
+            for k in 0..4 {
+                acc[k] = _mm256_fmadd_ps(load_ph(&x[k]), load_ps(&y[k]), acc[k]);
+            }
+        }
+        for (k, (x, y)) in a1.iter().zip(b1).enumerate() {
+            acc[k] = _mm256_fmadd_ps(load_ph(x), load_ps(y), acc[k]);
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut sum = hsum_ps(v);
+        for (&x, &y) in at.iter().zip(bt) {
+            sum += x.to_f32() * y;
+        }
+        *o = sum * scale;
+    }
+}
+
+/// The output held in registers, 64 columns at a time, across all rows: per row and column
+/// `out + p·v` rounded as `axpy_f16_body` (a store and reload of f32 is exact), so the bits
+/// are the same as one `axpy_f16` per row.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
+    let w = out.len();
+    let (oc, ot) = out.as_chunks_mut::<8>();
+    let (o8, o1) = oc.as_chunks_mut::<8>();
+    for (t, tile) in o8.iter_mut().enumerate() {
+        mix_tile(v, stride, p, t * 64, tile);
+    }
+    for (t, chunk) in o1.iter_mut().enumerate() {
+        mix_tile(
+            v,
+            stride,
+            p,
+            o8.len() * 64 + t * 8,
+            std::array::from_mut(chunk),
+        );
+    }
+    let t0 = w - ot.len();
+    for (j, &pj) in p.iter().enumerate() {
+        for (c, o) in ot.iter_mut().enumerate() {
+            *o += pj * v[j * stride + t0 + c].to_f32();
+        }
+    }
+}
+
+/// Columns `c0..c0 + 8·C` of [`mix_f16_body`], accumulated in `C` registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mix_tile<const C: usize>(
+    v: &[f16],
+    stride: usize,
+    p: &[f32],
+    c0: usize,
+    tile: &mut [[f32; 8]; C],
+) {
+    let mut acc = [_mm256_setzero_ps(); C];
+    for (a, o) in acc.iter_mut().zip(tile.iter()) {
+        *a = load_ps(o);
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
+        let (rc, _) = row.as_chunks::<8>();
+        let s = _mm256_set1_ps(pj);
+        for (a, h) in acc.iter_mut().zip(rc) {
+            *a = _mm256_add_ps(*a, _mm256_mul_ps(s, load_ph(h)));
+        }
+    }
+    for (a, o) in acc.iter().zip(tile.iter_mut()) {
+        store_ps(o, *a);
     }
 }
 
