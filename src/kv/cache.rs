@@ -1,5 +1,11 @@
-//! The in-RAM KV cache, laid out flat as `(layer, position, kv_dim)` and allocated once for
-//! the configured context. f16 by default (as llama.cpp), f32 on request.
+//! The in-RAM KV cache, allocated once for the configured context. f16 by default (as
+//! llama.cpp), f32 on request.
+//!
+//! Laid out `(layer, kv head, position, head_dim)`: the keys (or values) one head attends over
+//! are one contiguous run, which the hardware prefetchers stream. (Position-major rows made a
+//! head's reads a stride of `kv_dim` with 1/`n_head_kv` of each row used: latency-bound.)
+//! Snapshots keep position-major rows (`kv_dim` elements in head order), so their format does
+//! not depend on this choice.
 
 use kernels_neon::{Kernels, f16};
 use std::fmt;
@@ -46,7 +52,7 @@ enum Store {
 pub struct KvCache {
     n_layer: usize,
     n_ctx: usize,
-    kv_dim: usize,
+    n_head_kv: usize,
     head_dim: usize,
     store: Store,
 }
@@ -77,7 +83,7 @@ impl KvCache {
         KvCache {
             n_layer,
             n_ctx,
-            kv_dim,
+            n_head_kv,
             head_dim,
             store,
         }
@@ -90,7 +96,7 @@ impl KvCache {
         self.n_layer
     }
     pub fn kv_dim(&self) -> usize {
-        self.kv_dim
+        self.n_head_kv * self.head_dim
     }
     pub fn ty(&self) -> KvType {
         match self.store {
@@ -101,12 +107,25 @@ impl KvCache {
 
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layer * self.n_ctx * self.kv_dim * self.ty().bytes()
+        2 * self.n_layer * self.n_ctx * self.kv_dim() * self.ty().bytes()
     }
 
-    fn row(&self, l: usize, pos: usize) -> std::ops::Range<usize> {
-        let start = (l * self.n_ctx + pos) * self.kv_dim;
-        start..start + self.kv_dim
+    /// Where head `g` of layer `l` at position `pos` starts.
+    fn at(&self, l: usize, g: usize, pos: usize) -> usize {
+        ((l * self.n_head_kv + g) * self.n_ctx + pos) * self.head_dim
+    }
+
+    /// The element ranges of positions `pos0..pos0 + n` of layer `l`, head by head, each with
+    /// its offset in those positions' `kv_dim`-wide rows (the snapshot's order).
+    fn head_runs(&self, l: usize, pos0: usize, n: usize) -> HeadRuns {
+        HeadRuns {
+            base: self.at(l, 0, pos0),
+            n_ctx: self.n_ctx,
+            n_head_kv: self.n_head_kv,
+            hd: self.head_dim,
+            i: 0,
+            n: n * self.n_head_kv,
+        }
     }
 
     /// Appends the little-endian bytes of positions `range` in the snapshot record order: for
@@ -115,16 +134,20 @@ impl KvCache {
         assert!(range.start <= range.end && range.end <= self.n_ctx);
         out.reserve(self.rows_bytes(range.len()));
         for l in 0..self.n_layer {
-            let a = self.row(l, range.start).start;
-            let b = a + range.len() * self.kv_dim;
             match &self.store {
                 Store::F16 { k, v } => {
-                    out.extend_from_slice(&le_bytes(&k[a..b]));
-                    out.extend_from_slice(&le_bytes(&v[a..b]));
+                    for x in [k, v] {
+                        for (_, r) in self.head_runs(l, range.start, range.len()) {
+                            out.extend_from_slice(&le_bytes(&x[r]));
+                        }
+                    }
                 }
                 Store::F32 { k, v } => {
-                    out.extend_from_slice(&le_bytes(&k[a..b]));
-                    out.extend_from_slice(&le_bytes(&v[a..b]));
+                    for x in [k, v] {
+                        for (_, r) in self.head_runs(l, range.start, range.len()) {
+                            out.extend_from_slice(&le_bytes(&x[r]));
+                        }
+                    }
                 }
             }
         }
@@ -132,7 +155,7 @@ impl KvCache {
 
     /// Bytes [`KvCache::write_rows`] produces for `n` positions.
     pub fn rows_bytes(&self, n: usize) -> usize {
-        2 * self.n_layer * n * self.kv_dim * self.ty().bytes()
+        2 * self.n_layer * n * self.kv_dim() * self.ty().bytes()
     }
 
     /// The inverse of [`KvCache::write_rows`]: stores `bytes` as positions `first..first + n`.
@@ -148,20 +171,25 @@ impl KvCache {
             return false;
         }
         let eb = self.ty().bytes();
-        let layer_bytes = n * self.kv_dim * eb;
+        let layer_bytes = n * self.kv_dim() * eb;
         for l in 0..self.n_layer {
-            let a = self.row(l, first).start;
-            let b = a + n * self.kv_dim;
             let kb = &bytes[2 * l * layer_bytes..(2 * l + 1) * layer_bytes];
             let vb = &bytes[(2 * l + 1) * layer_bytes..(2 * l + 2) * layer_bytes];
+            let runs = self.head_runs(l, first, n);
             match &mut self.store {
                 Store::F16 { k, v } => {
-                    set_from_le(&mut k[a..b], kb);
-                    set_from_le(&mut v[a..b], vb);
+                    for (x, b) in [(k, kb), (v, vb)] {
+                        for (at, r) in runs.clone() {
+                            set_from_le(&mut x[r.clone()], &b[at * eb..(at + r.len()) * eb]);
+                        }
+                    }
                 }
                 Store::F32 { k, v } => {
-                    set_from_le(&mut k[a..b], kb);
-                    set_from_le(&mut v[a..b], vb);
+                    for (x, b) in [(k, kb), (v, vb)] {
+                        for (at, r) in runs.clone() {
+                            set_from_le(&mut x[r.clone()], &b[at * eb..(at + r.len()) * eb]);
+                        }
+                    }
                 }
             }
         }
@@ -172,25 +200,28 @@ impl KvCache {
     /// type (its context may differ): how a cached prefix is handed to a session. Returns
     /// `false` (and changes nothing) when the shapes differ or `n` exceeds either context.
     pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> bool {
-        if (src.n_layer, src.kv_dim, src.ty()) != (self.n_layer, self.kv_dim, self.ty())
+        if (src.n_layer, src.n_head_kv, src.head_dim, src.ty())
+            != (self.n_layer, self.n_head_kv, self.head_dim, self.ty())
             || n > src.n_ctx
             || n > self.n_ctx
         {
             return false;
         }
+        let len = n * self.head_dim;
         for l in 0..self.n_layer {
-            let (d, s) = (self.row(l, 0).start, src.row(l, 0).start);
-            let len = n * self.kv_dim;
-            match (&mut self.store, &src.store) {
-                (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
-                    k[d..d + len].copy_from_slice(&sk[s..s + len]);
-                    v[d..d + len].copy_from_slice(&sv[s..s + len]);
+            for g in 0..self.n_head_kv {
+                let (d, s) = (self.at(l, g, 0), src.at(l, g, 0));
+                match (&mut self.store, &src.store) {
+                    (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
+                        k[d..d + len].copy_from_slice(&sk[s..s + len]);
+                        v[d..d + len].copy_from_slice(&sv[s..s + len]);
+                    }
+                    (Store::F32 { k, v }, Store::F32 { k: sk, v: sv }) => {
+                        k[d..d + len].copy_from_slice(&sk[s..s + len]);
+                        v[d..d + len].copy_from_slice(&sv[s..s + len]);
+                    }
+                    _ => unreachable!("types compared above"),
                 }
-                (Store::F32 { k, v }, Store::F32 { k: sk, v: sv }) => {
-                    k[d..d + len].copy_from_slice(&sk[s..s + len]);
-                    v[d..d + len].copy_from_slice(&sv[s..s + len]);
-                }
-                _ => unreachable!("types compared above"),
             }
         }
         true
@@ -198,15 +229,19 @@ impl KvCache {
 
     /// Writes the key and value rows of layer `l` at `pos`.
     pub fn store(&mut self, k: &Kernels, l: usize, pos: usize, key: &[f32], value: &[f32]) {
-        let r = self.row(l, pos);
-        match &mut self.store {
-            Store::F16 { k: kc, v: vc } => {
-                (k.f32_to_f16_row)(key, &mut kc[r.clone()]);
-                (k.f32_to_f16_row)(value, &mut vc[r]);
-            }
-            Store::F32 { k: kc, v: vc } => {
-                kc[r.clone()].copy_from_slice(key);
-                vc[r].copy_from_slice(value);
+        let hd = self.head_dim;
+        for g in 0..self.n_head_kv {
+            let a = self.at(l, g, pos);
+            let (kh, vh) = (&key[g * hd..(g + 1) * hd], &value[g * hd..(g + 1) * hd]);
+            match &mut self.store {
+                Store::F16 { k: kc, v: vc } => {
+                    (k.f32_to_f16_row)(kh, &mut kc[a..a + hd]);
+                    (k.f32_to_f16_row)(vh, &mut vc[a..a + hd]);
+                }
+                Store::F32 { k: kc, v: vc } => {
+                    kc[a..a + hd].copy_from_slice(kh);
+                    vc[a..a + hd].copy_from_slice(vh);
+                }
             }
         }
     }
@@ -214,32 +249,56 @@ impl KvCache {
     /// `out[j] = scale · q · K[l][j][head g]` for positions `j in 0..out.len()`.
     pub fn scores(&self, k: &Kernels, l: usize, g: usize, q: &[f32], scale: f32, out: &mut [f32]) {
         let hd = self.head_dim;
-        let off = g * hd;
-        for (j, s) in out.iter_mut().enumerate() {
-            let r = self.row(l, j);
-            let d = match &self.store {
-                Store::F16 { k: kc, .. } => (k.dot_f16)(&kc[r.start + off..r.start + off + hd], q),
-                Store::F32 { k: kc, .. } => (k.dot_f32)(&kc[r.start + off..r.start + off + hd], q),
-            };
-            *s = d * scale;
+        let a = self.at(l, g, 0);
+        let r = a..a + out.len() * hd;
+        match &self.store {
+            Store::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, scale, out),
+            Store::F32 { k: kc, .. } => {
+                for (s, row) in out.iter_mut().zip(kc[r].chunks_exact(hd)) {
+                    *s = (k.dot_f32)(row, q) * scale;
+                }
+            }
         }
     }
 
     /// `out += Σ_j p[j] · V[l][j][head g]`.
     pub fn mix_values(&self, k: &Kernels, l: usize, g: usize, p: &[f32], out: &mut [f32]) {
         let hd = self.head_dim;
-        let off = g * hd;
-        for (j, &w) in p.iter().enumerate() {
-            let r = self.row(l, j);
-            match &self.store {
-                Store::F16 { v: vc, .. } => {
-                    (k.axpy_f16)(out, w, &vc[r.start + off..r.start + off + hd])
-                }
-                Store::F32 { v: vc, .. } => {
-                    (k.axpy_f32)(out, w, &vc[r.start + off..r.start + off + hd])
+        let a = self.at(l, g, 0);
+        let r = a..a + p.len() * hd;
+        match &self.store {
+            Store::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, out),
+            Store::F32 { v: vc, .. } => {
+                for (&w, row) in p.iter().zip(vc[r].chunks_exact(hd)) {
+                    (k.axpy_f32)(out, w, row);
                 }
             }
         }
+    }
+}
+
+/// See [`KvCache::head_runs`]: an iterator that borrows nothing, so the store can be written
+/// while it runs.
+#[derive(Clone)]
+struct HeadRuns {
+    base: usize,
+    n_ctx: usize,
+    n_head_kv: usize,
+    hd: usize,
+    i: usize,
+    n: usize,
+}
+
+impl Iterator for HeadRuns {
+    type Item = (usize, std::ops::Range<usize>);
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i == self.n {
+            return None;
+        }
+        let (j, g) = (self.i / self.n_head_kv, self.i % self.n_head_kv);
+        self.i += 1;
+        let a = self.base + (g * self.n_ctx + j) * self.hd;
+        Some(((self.i - 1) * self.hd, a..a + self.hd))
     }
 }
 
@@ -278,5 +337,115 @@ fn set_from_le<T: LeElem>(xs: &mut [T], bytes: &[u8]) {
         for x in xs {
             *x = x.swap_bytes();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels_neon::dispatch::REFERENCE;
+
+    const L: usize = 2;
+    const HKV: usize = 3;
+    const HD: usize = 4;
+
+    /// Key or value element `c` of position `pos` in layer `l`: distinct, exact in f16.
+    fn val(kv: usize, l: usize, pos: usize, c: usize) -> f32 {
+        (kv * 1000 + l * 100 + pos * 10 + c) as f32 / 8.0
+    }
+
+    fn filled(ty: KvType, n_ctx: usize, n: usize) -> KvCache {
+        let mut c = KvCache::new(L, n_ctx, HKV, HD, ty);
+        for l in 0..L {
+            for pos in 0..n {
+                let key: Vec<f32> = (0..HKV * HD).map(|i| val(0, l, pos, i)).collect();
+                let value: Vec<f32> = (0..HKV * HD).map(|i| val(1, l, pos, i)).collect();
+                c.store(&REFERENCE, l, pos, &key, &value);
+            }
+        }
+        c
+    }
+
+    /// The snapshot's rows stay position-major whatever the layout in RAM: per layer, the K
+    /// rows of the range (each `kv_dim` wide, heads in order), then its V rows.
+    #[test]
+    fn snapshot_rows_are_position_major_per_layer() {
+        for ty in [KvType::F32, KvType::F16] {
+            let c = filled(ty, 6, 5);
+            let mut got = Vec::new();
+            c.write_rows(1..4, &mut got);
+            let mut want = Vec::new();
+            for l in 0..L {
+                for kv in 0..2 {
+                    for pos in 1..4 {
+                        for i in 0..HKV * HD {
+                            let x = val(kv, l, pos, i);
+                            match ty {
+                                KvType::F32 => want.extend_from_slice(&x.to_le_bytes()),
+                                KvType::F16 => {
+                                    want.extend_from_slice(&f16::from_f32(x).to_le_bytes())
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(got, want, "{ty}");
+            assert_eq!(got.len(), c.rows_bytes(3));
+
+            // Read back at another offset of a cache with another context: the same rows.
+            let mut d = KvCache::new(L, 9, HKV, HD, ty);
+            assert!(d.read_rows(4, &got));
+            let mut again = Vec::new();
+            d.write_rows(4..7, &mut again);
+            assert_eq!(again, want, "{ty} after read_rows");
+            assert!(!d.read_rows(7, &got), "positions past the context");
+            assert!(!d.read_rows(0, &got[1..]), "not whole positions");
+        }
+    }
+
+    /// A head attends over its own keys and values, position by position.
+    #[test]
+    fn scores_and_mix_read_the_head_they_are_asked_for() {
+        for ty in [KvType::F32, KvType::F16] {
+            let c = filled(ty, 7, 5);
+            let q = [1.0, -2.0, 0.5, 0.25];
+            for l in 0..L {
+                for g in 0..HKV {
+                    let mut s = [0.0f32; 5];
+                    c.scores(&REFERENCE, l, g, &q, 0.5, &mut s);
+                    let p = [0.1, 0.2, 0.3, 0.15, 0.25];
+                    let mut o = [0.0f32; HD];
+                    c.mix_values(&REFERENCE, l, g, &p, &mut o);
+                    for pos in 0..5 {
+                        let k: Vec<f32> = (0..HD).map(|i| val(0, l, pos, g * HD + i)).collect();
+                        let dot: f32 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
+                        assert_eq!(s[pos], dot * 0.5, "{ty} l={l} g={g} pos={pos}");
+                    }
+                    for (i, &oi) in o.iter().enumerate() {
+                        let mut want = 0.0f32;
+                        for (pos, &w) in p.iter().enumerate() {
+                            want += w * val(1, l, pos, g * HD + i);
+                        }
+                        assert_eq!(oi, want, "{ty} l={l} g={g} [{i}]");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A prefix handed to a cache of another context keeps every head's rows.
+    #[test]
+    fn copy_prefix_keeps_rows_across_contexts() {
+        let src = filled(KvType::F16, 5, 5);
+        let mut dst = KvCache::new(L, 8, HKV, HD, KvType::F16);
+        assert!(dst.copy_prefix_from(&src, 4));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        src.write_rows(0..4, &mut a);
+        dst.write_rows(0..4, &mut b);
+        assert_eq!(a, b);
+        assert!(!dst.copy_prefix_from(&src, 6), "more than the source holds");
+        let other = KvCache::new(L, 8, HKV + 1, HD, KvType::F16);
+        assert!(!dst.copy_prefix_from(&other, 1), "another width");
     }
 }
