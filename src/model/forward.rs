@@ -133,7 +133,7 @@ pub fn forward(
     let hp = &model.hp;
     let n = tokens.len();
     debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
-    let (d, qd, kvd, hd) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim);
+    let (d, qd, kvd, hd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.n_ff);
 
     // The packed weights when this path has products over them (the engine packed the model).
     let pk = k.packed.and(model.packed());
@@ -276,13 +276,11 @@ pub fn forward(
                 .quantize(k, &ar.xn[..n * d], n, need(&[&lw.w_gate, &lw.w_up]));
             ar.prof.stop(Op::Quantize, t0);
             match lw.gate_up.filter(|_| n == 1) {
-                // Decoding: gate and up in one product, as q/k/v above.
+                // Decoding: gate and up in one product, as q/k/v above; SwiGLU reads both
+                // halves where the product left them.
                 Some(fused) => {
                     let t0 = ar.prof.start();
                     matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
-                    let ff = hp.n_ff;
-                    ar.gate[..ff].copy_from_slice(&ar.tmp[..ff]);
-                    ar.up[..ff].copy_from_slice(&ar.tmp[ff..2 * ff]);
                     ar.prof.stop_fused(
                         &[
                             (Op::FfnGate, lw.w_gate.bytes()),
@@ -290,6 +288,10 @@ pub fn forward(
                         ],
                         t0,
                     );
+                    let t0 = ar.prof.start();
+                    let (gate, up) = ar.tmp[..2 * ff].split_at(ff);
+                    (k.silu_mul)(gate, up, &mut ar.up[..ff]);
+                    ar.prof.stop(Op::SiluMul, t0);
                 }
                 None => {
                     let t0 = ar.prof.start();
@@ -298,15 +300,14 @@ pub fn forward(
                     let t0 = ar.prof.start();
                     mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
                     ar.prof.stop_bytes(Op::FfnUp, t0, lw.w_up.bytes());
+                    let t0 = ar.prof.start();
+                    silu_mul_inplace(k, &ar.gate[..n * ff], &mut ar.up[..n * ff]);
+                    ar.prof.stop(Op::SiluMul, t0);
                 }
             }
         }
         {
-            let nf = n * hp.n_ff;
-            let (g, u) = (&ar.gate[..nf], &mut ar.up[..nf]);
-            let t0 = ar.prof.start();
-            silu_mul_inplace(k, g, u);
-            ar.prof.stop(Op::SiluMul, t0);
+            let nf = n * ff;
             let t0 = ar.prof.start();
             let a = ar.acts.quantize(k, &ar.up[..nf], n, need(&[&lw.w_down]));
             ar.prof.stop(Op::Quantize, t0);
