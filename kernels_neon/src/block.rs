@@ -96,7 +96,7 @@ pub trait BlockFormat: Pod + Default + Send + Sync + 'static {
 
 /// Number of blocks for `n` values, or `None` when `n` is not a whole number of blocks.
 pub fn blocks_for<B: BlockFormat>(n: usize) -> Option<usize> {
-    (n % B::BLOCK_LEN == 0).then_some(n / B::BLOCK_LEN)
+    n.is_multiple_of(B::BLOCK_LEN).then_some(n / B::BLOCK_LEN)
 }
 
 /// f16 → f32, exact.

@@ -368,7 +368,7 @@ fn check_kernels(k: &Kernels) {
         }
     }
 
-    check_attention_rows(p, k);
+    check_attention_rows(p, (scores_f16, mix_f16), (dot_f16, axpy_f16));
 
     check_unary(p, "softmax", softmax, r::softmax_ref, 3.0);
     // Also softmax over masked scores (-inf) as attention produces them.
@@ -421,7 +421,16 @@ fn check_kernels(k: &Kernels) {
 /// depend on which entry point runs), and close to the reference. The elements between rows
 /// are NaN, and the slice ends where the last row does, so a kernel that reads outside its
 /// rows fails (NaN) or panics.
-fn check_attention_rows(p: Path, k: &Kernels) {
+type ScoresFn = fn(&[f16], usize, &[f32], f32, &mut [f32]);
+type MixFn = fn(&[f16], usize, &[f32], &mut [f32]);
+type DotFn = fn(&[f16], &[f32]) -> f32;
+type AxpyFn = fn(&mut [f32], f32, &[f16]);
+
+fn check_attention_rows(
+    p: Path,
+    (scores_f16, mix_f16): (ScoresFn, MixFn),
+    (dot_f16, axpy_f16): (DotFn, AxpyFn),
+) {
     for width in [1, 7, 8, 9, 31, 63, 64, 65, 72, 128, 130] {
         for gap in [0, 5] {
             let stride = width + gap;
@@ -438,11 +447,11 @@ fn check_attention_rows(p: Path, k: &Kernels) {
 
                 let q = f32_vec(width, width as u64 + 7, 1.0);
                 let mut got = vec![0.0f32; n];
-                (k.scores_f16)(&rows, stride, &q, 0.125, &mut got);
+                scores_f16(&rows, stride, &q, 0.125, &mut got);
                 let mut want = vec![0.0f32; n];
                 r::scores_f16_ref(&rows, stride, &q, 0.125, &mut want);
                 for j in 0..n {
-                    let own = (k.dot_f16)(row(j), &q) * 0.125;
+                    let own = dot_f16(row(j), &q) * 0.125;
                     assert_eq!(got[j].to_bits(), own.to_bits(), "{what}: scores_f16[{j}]");
                     let abs: f32 = row(j)
                         .iter()
@@ -456,10 +465,10 @@ fn check_attention_rows(p: Path, k: &Kernels) {
                 let pr = f32_vec(n, n as u64 + 11, 1.0);
                 let init = f32_vec(width, width as u64 + 13, 1.0);
                 let mut got = init.clone();
-                (k.mix_f16)(&rows, stride, &pr, &mut got);
+                mix_f16(&rows, stride, &pr, &mut got);
                 let mut own = init.clone();
                 for (j, &w) in pr.iter().enumerate() {
-                    (k.axpy_f16)(&mut own, w, row(j));
+                    axpy_f16(&mut own, w, row(j));
                 }
                 let mut want = init;
                 r::mix_f16_ref(&rows, stride, &pr, &mut want);

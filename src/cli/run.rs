@@ -223,7 +223,7 @@ pub fn run(a: Args) -> CliResult {
         stream.push_into(tok.token_to_piece(t), &mut text);
         if !a.json
             && let Err(e) = out
-                .write_all(text[start..].as_bytes())
+                .write_all(&text.as_bytes()[start..])
                 .and_then(|_| out.flush())
         {
             // A closed pipe (e.g. `| head`) stops generation instead of wasting the CPU.

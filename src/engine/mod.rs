@@ -86,28 +86,6 @@ fn big_cores(sys_cpu: &std::path::Path) -> Option<usize> {
     (big < caps.len()).then_some(big)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::big_cores;
-
-    #[test]
-    fn big_cores_counts_the_fastest_cluster_of_a_big_little_soc() {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |caps: &[u32]| {
-            for (i, c) in caps.iter().enumerate() {
-                let d = dir.path().join(format!("cpu{i}"));
-                std::fs::create_dir_all(&d).unwrap();
-                std::fs::write(d.join("cpu_capacity"), format!("{c}\n")).unwrap();
-            }
-        };
-        assert_eq!(big_cores(dir.path()), None, "no capacity files");
-        write(&[414, 414, 414, 414, 1024, 1024, 1024, 1024]); // RK3588
-        assert_eq!(big_cores(dir.path()), Some(4));
-        write(&[1024; 8]); // all equal: not big.LITTLE
-        assert_eq!(big_cores(dir.path()), None);
-    }
-}
-
 /// Largest context accepted (bounds the KV allocation; 128k positions).
 pub const MAX_CTX: usize = 1 << 17;
 /// Largest prompt chunk.
@@ -280,5 +258,27 @@ impl Engine {
             p.tokens += tokens.len() as u64;
         }
         Ok(&mut self.arena.logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::big_cores;
+
+    #[test]
+    fn big_cores_counts_the_fastest_cluster_of_a_big_little_soc() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |caps: &[u32]| {
+            for (i, c) in caps.iter().enumerate() {
+                let d = dir.path().join(format!("cpu{i}"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("cpu_capacity"), format!("{c}\n")).unwrap();
+            }
+        };
+        assert_eq!(big_cores(dir.path()), None, "no capacity files");
+        write(&[414, 414, 414, 414, 1024, 1024, 1024, 1024]); // RK3588
+        assert_eq!(big_cores(dir.path()), Some(4));
+        write(&[1024; 8]); // all equal: not big.LITTLE
+        assert_eq!(big_cores(dir.path()), None);
     }
 }

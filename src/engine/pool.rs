@@ -124,6 +124,11 @@ pub fn split(n: usize, parts: usize, i: usize) -> Range<usize> {
     start..start + len
 }
 
+/// The work of [`Pool::run_split`]: `(thread id, items, their piece of the output)`.
+pub type SplitFn<'a, T> = dyn Fn(usize, Range<usize>, &mut [T]) + Sync + 'a;
+/// The work of [`Pool::run_split_scratch`]: as [`SplitFn`], and the thread's scratch.
+pub type SplitScratchFn<'a, T, S> = dyn Fn(usize, Range<usize>, &mut [T], &mut [S]) + Sync + 'a;
+
 impl Pool {
     /// Starts `n_threads - 1` workers (the caller is thread 0). `n_threads` is clamped to
     /// `1..=MAX_THREADS`.
@@ -230,12 +235,7 @@ impl Pool {
     /// Splits `out` into contiguous pieces along `unit`-sized items (`out.len() == n_items *
     /// unit`), a few per thread ([`split`] into chunks), and runs `f(tid, items, piece)` for
     /// each piece on whichever thread claims it. No allocation.
-    pub fn run_split<T: Send>(
-        &self,
-        out: &mut [T],
-        unit: usize,
-        f: &(dyn Fn(usize, Range<usize>, &mut [T]) + Sync),
-    ) {
+    pub fn run_split<T: Send>(&self, out: &mut [T], unit: usize, f: &SplitFn<'_, T>) {
         self.run_split_scratch(out, unit, &mut [] as &mut [T], 0, &|tid, r, piece, _| {
             f(tid, r, piece)
         });
@@ -249,7 +249,7 @@ impl Pool {
         unit: usize,
         scratch: &mut [S],
         per_thread: usize,
-        f: &(dyn Fn(usize, Range<usize>, &mut [T], &mut [S]) + Sync),
+        f: &SplitScratchFn<'_, T, S>,
     ) {
         assert!(
             unit > 0 && out.len().is_multiple_of(unit),

@@ -417,10 +417,10 @@ mod tests {
                     let p = [0.1, 0.2, 0.3, 0.15, 0.25];
                     let mut o = [0.0f32; HD];
                     c.mix_values(&REFERENCE, l, g, &p, &mut o);
-                    for pos in 0..5 {
+                    for (pos, &sp) in s.iter().enumerate() {
                         let k: Vec<f32> = (0..HD).map(|i| val(0, l, pos, g * HD + i)).collect();
                         let dot: f32 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
-                        assert_eq!(s[pos], dot * 0.5, "{ty} l={l} g={g} pos={pos}");
+                        assert_eq!(sp, dot * 0.5, "{ty} l={l} g={g} pos={pos}");
                     }
                     for (i, &oi) in o.iter().enumerate() {
                         let mut want = 0.0f32;

@@ -120,6 +120,7 @@ fn need(ms: &[&Mat<'_>]) -> [bool; 2] {
 /// Runs the layers over `tokens` at positions `pos0..`; writes the K/V rows into `kv` and, if
 /// `want_logits`, the last token's logits into `arena.logits`. The caller checks that the
 /// tokens are in the vocabulary and fit in the chunk and the context.
+#[allow(clippy::too_many_arguments)] // the forward pass's inputs: no struct would be clearer
 pub fn forward(
     k: &Kernels,
     pool: &Pool,

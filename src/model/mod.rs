@@ -197,7 +197,7 @@ impl Model {
                     });
                 }
             }
-            if t.ty != GgmlType::F32 && t.ty != GgmlType::F16 && cols % 32 != 0 {
+            if t.ty != GgmlType::F32 && t.ty != GgmlType::F16 && !cols.is_multiple_of(32) {
                 return Err(ModelError::BadShape {
                     name: name.into(),
                     expected: "rows of whole 32-value blocks".into(),
@@ -351,16 +351,16 @@ impl Model {
             // The packed copy is anonymous memory, which (without swap) the kernel cannot evict
             // as it can the file's pages: a model too big for the RAM left runs from the file.
             let want = packed::packed_bytes(&mats);
-            if let Some(avail) = available {
-                if !packed::fits(want, avail) {
-                    tracing::info!(
-                        "weights not packed: {:.0} MiB would not fit comfortably in the {:.0} MiB \
-                         of memory available; running from the file's layout (slower decoding)",
-                        want as f64 / (1 << 20) as f64,
-                        avail as f64 / (1 << 20) as f64
-                    );
-                    return Packed::default();
-                }
+            if let Some(avail) = available
+                && !packed::fits(want, avail)
+            {
+                tracing::info!(
+                    "weights not packed: {:.0} MiB would not fit comfortably in the {:.0} MiB \
+                     of memory available; running from the file's layout (slower decoding)",
+                    want as f64 / (1 << 20) as f64,
+                    avail as f64 / (1 << 20) as f64
+                );
+                return Packed::default();
             }
             let p = Packed::build(self.gguf.tensors().len(), &mats, threads, &|b| {
                 self.gguf.release_bytes(b)

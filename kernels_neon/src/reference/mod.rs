@@ -43,7 +43,7 @@ pub fn check_matvec<W, A>(w: &[W], a: &[A], out: &[f32]) -> usize {
 pub fn check_matmul<W, A>(w: &[W], a: &[A], n_tok: usize, out: &[f32]) -> (usize, usize) {
     assert!(n_tok > 0, "matmul: no tokens");
     assert!(
-        a.len() % n_tok == 0 && out.len() % n_tok == 0,
+        a.len().is_multiple_of(n_tok) && out.len().is_multiple_of(n_tok),
         "matmul: {} activation blocks / {} outputs for {} tokens",
         a.len(),
         out.len(),

@@ -49,13 +49,13 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
 
 pub fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
     assert!(
-        head_dim > 0 && x.len() % head_dim == 0,
+        head_dim > 0 && x.len().is_multiple_of(head_dim),
         "rope: {} values are not whole heads of {}",
         x.len(),
         head_dim
     );
     assert!(
-        cs.len() % 2 == 0 && cs.len() <= head_dim,
+        cs.len().is_multiple_of(2) && cs.len() <= head_dim,
         "rope: bad cos/sin table length {}",
         cs.len()
     );
