@@ -6,6 +6,8 @@
 #
 # Usage: bench/vs-llamacpp.sh [quant …]      (default: q4_0 q4_1 q8_0)
 # Env:   THREADS (default 1,2)  PP (128)  NG (64)  REPS (3)  ROUNDS (2)
+#        DEPTH  tokens already cached when pp and tg start (llama-bench -d; default 0): the
+#               cost of attention over a long system prompt or conversation
 #        LLAMA_BENCH  path to llama-bench (default: built by bench/build-llamacpp.sh)
 #        SKIP_PROCESS=1  leave out the whole-process section (its own knobs: see that script)
 #        ARCH=aarch64  cross-build both engines for aarch64 and run both under
@@ -40,6 +42,7 @@ fi
 # The read bandwidth (and so the bound of decoding) is measured by edgellm bench in the same
 # rounds; under an emulator it would measure the emulator.
 bw_flag=(); [ "$arch" = native ] && bw_flag=(--bandwidth)
+depth=${DEPTH:-0}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -47,15 +50,16 @@ for q in "${quants[@]}"; do
     model=$(models/fetch.sh "$q" | tail -n 1)
     for r in $(seq "$rounds"); do
         echo "bench: $q round $r/$rounds" >&2
-        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -t "$threads" -r "$reps" "${bw_flag[@]}" --json > "$out/edgellm-$q-$r.json"
-        "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
+        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -d "$depth" -t "$threads" -r "$reps" "${bw_flag[@]}" --json > "$out/edgellm-$q-$r.json"
+        "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -d "$depth" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
     done
 done
 
 emulated=""; [ "$arch" = native ] || emulated="${runner[*]}"
-python3 - "$out" "$pp" "$ng" "$emulated" "${quants[@]}" <<'PY'
+python3 - "$out" "$pp" "$ng" "$depth" "$emulated" "${quants[@]}" <<'PY'
 import json, sys, glob, statistics as st
-out, pp, ng, emulated, quants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+out, pp, ng, depth, emulated, quants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+at = f" @ d{depth}" if depth else ""
 if emulated:
     print(f"EMULATED: both engines' aarch64 builds under `{emulated}` on this host; the ratio says")
     print("how the two aarch64 code paths compare under the emulator, not real-hardware speed.")
@@ -84,7 +88,7 @@ for q in quants:
         a, b = st.mean(ours[key]), st.mean(theirs[key])
         n = pp if key[0] == "pp" else ng
         label = " (emulated)" if emulated else ""
-        print(f"| {q.upper()} | {key[0]}{n}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} |")
+        print(f"| {q.upper()} | {key[0]}{n}{at}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} |")
         ratio[(q, key[0], key[1])] = a / b
         if emulated and key[0] == "tg":
             met = "met" if a >= b else "NOT met"
@@ -94,7 +98,7 @@ for q in quants:
             bound = st.mean(x[1] for x in bw[key[1]])
             rounds = [x[2] for x in bw[key[1]]]
             bounds.append((q, key[1], g, bound, a, b, rounds))
-if bounds:
+if bounds and not depth:
     print()
     print("Bound of decoding: read bandwidth (probe on huge pages, in the same rounds) / weight bytes per token.")
     print()
@@ -107,7 +111,8 @@ if bounds:
         per = ", ".join(f"{100 * r:.1f}%" for r in rounds)
         print(f"| {q.upper()} | {t} | {g:.1f} | {bound:.0f} | {a:.1f} | {100 * a / bound:.1f}% | {b:.1f} | {100 * b / bound:.1f}% | {per} |")
         ratio[(q, "bound", t)] = a / bound
-if not emulated:
+# The targets and the bound (weights only, no KV reads) are defined from an empty cache.
+if not emulated and not depth:
     def target(name, key, want):
         if key in ratio:
             v = ratio[key]

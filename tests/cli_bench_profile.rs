@@ -123,7 +123,8 @@ fn profile_json_adds_ops_as_objects_and_plain_json_is_unchanged() {
     assert_eq!(
         keys,
         [
-            "kernels", "n_gen", "n_prompt", "pp_sd", "pp_tps", "tg_sd", "tg_tps", "threads"
+            "kernels", "n_depth", "n_gen", "n_prompt", "pp_sd", "pp_tps", "tg_sd", "tg_tps",
+            "threads"
         ]
     );
 
@@ -151,4 +152,26 @@ fn profile_json_adds_ops_as_objects_and_plain_json_is_unchanged() {
         assert!(down["gbps"].as_f64().unwrap() > 0.0, "{down}");
         assert!(ops.iter().find(|o| o["op"] == "rope").unwrap()["gbps"].is_null());
     }
+}
+
+/// `-d N` runs pp and tg after N cached positions, labelled as llama-bench labels them; the
+/// context grows to fit (here from 8 to 30 + 20 + 1).
+#[test]
+fn depth_runs_after_cached_positions_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path());
+    let out = bench(&model, &["-t", "1", "-d", "30", "-c", "8", "--profile"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    for label in [
+        "| pp20 @ d30 |",
+        "| tg6 @ d30 |",
+        "profile pp20 @ d30, 1 thread:",
+    ] {
+        assert!(text.contains(label), "missing {label:?} in:\n{text}");
+    }
+    let v: Value =
+        serde_json::from_slice(&bench(&model, &["-t", "1", "-d", "30", "--json"]).stdout)
+            .expect("JSON");
+    assert_eq!(v[0]["n_depth"], 30, "{v}");
+    assert!(v[0]["tg_tps"].as_f64().unwrap() > 0.0, "{v}");
 }

@@ -14,8 +14,9 @@ use std::time::Instant;
 /// Measure prompt processing and generation speed (tokens/s), like llama-bench.
 ///
 /// pp: a prompt of -p tokens processed from an empty cache. tg: -n tokens decoded one at a
-/// time from an empty cache. Each is repeated -r times after one warm-up; the table shows the
-/// mean and standard deviation.
+/// time from an empty cache. With -d N both start after N tokens already in the cache instead
+/// (llama-bench's -d): how a long system prompt or conversation slows them. Each is repeated
+/// -r times after one warm-up; the table shows the mean and standard deviation.
 #[derive(clap::Args)]
 pub struct Args {
     /// Model file (.gguf).
@@ -36,6 +37,9 @@ pub struct Args {
     /// Generated tokens for tg (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
     n_gen: usize,
+    /// Tokens already in the cache when pp and tg start (computed once, not timed).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    depth: usize,
     /// Thread counts to measure, comma-separated.
     #[arg(
         short = 't',
@@ -116,11 +120,15 @@ pub fn run(a: Args) -> CliResult {
         })?);
     }
     let n_vocab = model.hp.n_vocab as u32;
-    let ctx = a.ctx.max(a.n_prompt.max(a.n_gen) + 1);
+    let ctx = a.ctx.max(a.depth + a.n_prompt.max(a.n_gen) + 1);
     // Deterministic, ordinary token ids (not special tokens).
     let prompt: Vec<u32> = (0..a.n_prompt as u32)
         .map(|i| 100 + (i * 7919) % (n_vocab - 200))
         .collect();
+    let context: Vec<u32> = (0..a.depth as u32)
+        .map(|i| 100 + (i * 104_729 + 17) % (n_vocab - 200))
+        .collect();
+    let at = a.depth;
     let mut rows = Vec::new();
     for &threads in &a.threads_list {
         let cfg = EngineConfig {
@@ -131,12 +139,15 @@ pub fn run(a: Args) -> CliResult {
         };
         let mut e = Engine::new(Arc::clone(&model), cfg)?;
         let mut s = e.new_session();
+        if !context.is_empty() {
+            e.feed(&mut s, &context).map_err(|e| e.to_string())?;
+        }
         let bw_before = a
             .bandwidth
             .then(|| super::bench_bw::read_bandwidth(threads));
         let pp = if a.n_prompt > 0 {
             measure(a.repetitions, a.n_prompt, || {
-                s.truncate(0);
+                s.truncate(at);
                 e.feed(&mut s, &prompt)
                     .map(|_| ())
                     .map_err(|e| e.to_string())
@@ -145,12 +156,14 @@ pub fn run(a: Args) -> CliResult {
             Vec::new()
         };
         let tg = if a.n_gen > 0 {
-            measure(a.repetitions, a.n_gen, || tg_run(&mut e, &mut s, a.n_gen))?
+            measure(a.repetitions, a.n_gen, || {
+                tg_run(&mut e, &mut s, at, a.n_gen)
+            })?
         } else {
             Vec::new()
         };
         let prof = if a.profile || a.svg.is_some() {
-            profile::run(&mut e, &mut s, &prompt, a.n_gen)?
+            profile::run(&mut e, &mut s, at, &prompt, a.n_gen)?
         } else {
             Vec::new()
         };
@@ -174,7 +187,8 @@ pub fn run(a: Args) -> CliResult {
                 let (ppm, pps) = mean_sd(pp);
                 let (tgm, tgs) = mean_sd(tg);
                 let mut row = json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt,
-                       "n_gen": a.n_gen, "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs});
+                       "n_gen": a.n_gen, "n_depth": a.depth, "pp_tps": ppm, "pp_sd": pps,
+                       "tg_tps": tgm, "tg_sd": tgs});
                 if !prof.is_empty() {
                     row["profile"] = profile::json(prof);
                 }
@@ -196,13 +210,17 @@ pub fn run(a: Args) -> CliResult {
     );
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
+    let depth = match a.depth {
+        0 => String::new(),
+        d => format!(" @ d{d}"),
+    };
     for (t, k, pp, tg, _, _) in &rows {
         for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
             if !v.is_empty() {
                 let (m, sd) = mean_sd(v);
                 println!(
                     "| {t:>7} | {k:<7} | {:<6} | {m:>8.2} ± {sd:>4.2} |",
-                    format!("{name}{n}")
+                    format!("{name}{n}{depth}")
                 );
             }
         }
@@ -228,9 +246,15 @@ pub fn run(a: Args) -> CliResult {
     Ok(())
 }
 
-/// One tg run: `n` tokens decoded one at a time from an empty cache.
-fn tg_run(e: &mut Engine, s: &mut Session, n: usize) -> Result<(), String> {
-    s.truncate(0);
+/// One tg run: `n` tokens decoded one at a time after the first `depth` cached positions.
+fn tg_run(e: &mut Engine, s: &mut Session, depth: usize, n: usize) -> Result<(), String> {
+    s.truncate(depth);
+    if s.tokens().len() != depth {
+        return Err(format!(
+            "the session holds {} tokens, not the depth {depth}",
+            s.tokens().len()
+        ));
+    }
     let mut tok = 1u32;
     for _ in 0..n {
         let logits = e.feed(s, &[tok]).map_err(|e| e.to_string())?;

@@ -102,6 +102,7 @@ fn gbps(r: &Row) -> Option<f64> {
 pub fn run(
     e: &mut Engine,
     s: &mut Session,
+    depth: usize,
     prompt: &[u32],
     n_gen: usize,
 ) -> Result<Vec<Phase>, String> {
@@ -109,16 +110,16 @@ pub fn run(
     let mut phases = Vec::new();
     e.set_profiling(true);
     if !prompt.is_empty() {
-        s.truncate(0);
+        s.truncate(depth);
         e.profile_mut().reset();
         let t0 = Instant::now();
         e.feed(s, prompt).map_err(|e| e.to_string())?;
         let wall = t0.elapsed().as_nanos() as u64;
-        let name = format!("pp{}", prompt.len());
+        let name = format!("pp{}{}", prompt.len(), at_depth(depth));
         phases.push(Phase::new(name, threads, prompt.len(), wall, e.profile()));
     }
     if n_gen > 0 {
-        s.truncate(0);
+        s.truncate(depth);
         e.profile_mut().reset();
         let t0 = Instant::now();
         // As bench's tg run, with the argmax timed as the sampling step.
@@ -132,7 +133,7 @@ pub fn run(
         }
         let wall = t0.elapsed().as_nanos() as u64;
         phases.push(Phase::new(
-            format!("tg{n_gen}"),
+            format!("tg{n_gen}{}", at_depth(depth)),
             threads,
             n_gen,
             wall,
@@ -141,6 +142,14 @@ pub fn run(
     }
     e.set_profiling(false);
     Ok(phases)
+}
+
+/// llama-bench's suffix for a test run after `depth` cached positions.
+fn at_depth(depth: usize) -> String {
+    match depth {
+        0 => String::new(),
+        d => format!(" @ d{d}"),
+    }
 }
 
 /// The table of one phase, as markdown.
