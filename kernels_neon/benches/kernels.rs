@@ -291,18 +291,19 @@ fn f32_ops(c: &mut Criterion) {
         });
     }
 
-    // One head of the f16 KV cache over 256 positions (as the cache lays a head out: one
-    // contiguous run): its scores, and the weighted sum of its values.
+    // A group of 3 query heads (SmolLM2's) over one KV head of the f16 cache, 256 positions
+    // (as the cache lays a head out: one contiguous run): their scores, and the weighted sums
+    // of the values.
     let kv = f16_vec(64 * 256, 606);
-    let qh = f32_vec(64, 607, 1.0);
-    let p = f32_vec(256, 608, 1.0);
-    bench(c, "scores_f16/64x256", 64 * 256, &|b, k| {
-        let mut s = vec![0.0f32; 256];
-        b.iter(|| (k.scores_f16)(black_box(&kv), 64, black_box(&qh), 0.125, &mut s))
+    let qg = f32_vec(3 * 64, 607, 1.0);
+    let p = f32_vec(3 * 256, 608, 1.0);
+    bench(c, "scores_f16/3x64x256", 3 * 64 * 256, &|b, k| {
+        let mut s = vec![0.0f32; 3 * 256];
+        b.iter(|| (k.scores_f16)(black_box(&kv), 64, black_box(&qg), 3, 0.125, &mut s))
     });
-    bench(c, "mix_f16/64x256", 64 * 256, &|b, k| {
-        let mut acc = vec![0.0f32; 64];
-        b.iter(|| (k.mix_f16)(black_box(&kv), 64, black_box(&p), black_box(&mut acc)))
+    bench(c, "mix_f16/3x64x256", 3 * 64 * 256, &|b, k| {
+        let mut acc = vec![0.0f32; 3 * 64];
+        b.iter(|| (k.mix_f16)(black_box(&kv), 64, black_box(&p), 3, black_box(&mut acc)))
     });
 }
 

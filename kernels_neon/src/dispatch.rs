@@ -228,6 +228,11 @@ impl fmt::Display for KernelError {
 
 impl std::error::Error for KernelError {}
 
+/// `(k, stride, q, heads, scale, out)`: see [`Kernels::scores_f16`].
+pub type ScoresFn = fn(&[f16], usize, &[f32], usize, f32, &mut [f32]);
+/// `(v, stride, p, heads, out)`: see [`Kernels::mix_f16`].
+pub type MixFn = fn(&[f16], usize, &[f32], usize, &mut [f32]);
+
 /// The environment variable that forces a path.
 pub const KERNELS_ENV: &str = "EDGELLM_KERNELS";
 
@@ -271,12 +276,14 @@ pub struct Kernels {
     pub axpy_f32: fn(&mut [f32], f32, &[f32]),
     pub dot_f16: fn(&[f16], &[f32]) -> f32,
     pub axpy_f16: fn(&mut [f32], f32, &[f16]),
-    /// `(k, stride, q, scale, out)`: a head's attention scores over cached keys,
-    /// `out[j] = dot_f16(k[j·stride..][..q.len()], q) · scale`, one call per head.
-    pub scores_f16: fn(&[f16], usize, &[f32], f32, &mut [f32]),
-    /// `(v, stride, p, out)`: `out += p[j] · v[j·stride..][..out.len()]` for `j` in order,
-    /// each step rounded as `axpy_f16` (so the bits equal one `axpy_f16` per row).
-    pub mix_f16: fn(&[f16], usize, &[f32], &mut [f32]),
+    /// `(k, stride, q, heads, scale, out)`: the attention scores of `heads` query heads that
+    /// share one KV head, `out[h·n + j] = dot_f16(k[j·stride..][..hd], q[h·hd..][..hd]) ·
+    /// scale` (`hd = q.len() / heads`, `n = out.len() / heads`): one call per group.
+    pub scores_f16: ScoresFn,
+    /// `(v, stride, p, heads, out)`: `out[h·hd..][..hd] += p[h·n + j] · v[j·stride..][..hd]`
+    /// for `j` in order, each step rounded as `axpy_f16` (so each head's bits equal one
+    /// `axpy_f16` per row).
+    pub mix_f16: MixFn,
     pub f16_to_f32_row: fn(&[f16], &mut [f32]),
     pub f32_to_f16_row: fn(&[f32], &mut [f16]),
 }

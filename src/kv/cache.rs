@@ -246,31 +246,42 @@ impl KvCache {
         }
     }
 
-    /// `out[j] = scale · q · K[l][j][head g]` for positions `j in 0..out.len()`.
+    /// The scores of the query heads `q` (`heads × head_dim`) that share KV head `g`:
+    /// `out[h·n + j] = scale · q_h · K[l][j][g]` for positions `j in 0..n`,
+    /// `n = out.len() / heads`.
     pub fn scores(&self, k: &Kernels, l: usize, g: usize, q: &[f32], scale: f32, out: &mut [f32]) {
         let hd = self.head_dim;
+        let heads = q.len() / hd;
+        let n = out.len() / heads.max(1);
         let a = self.at(l, g, 0);
-        let r = a..a + out.len() * hd;
+        let r = a..a + n * hd;
         match &self.store {
-            Store::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, scale, out),
+            Store::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, heads, scale, out),
             Store::F32 { k: kc, .. } => {
-                for (s, row) in out.iter_mut().zip(kc[r].chunks_exact(hd)) {
-                    *s = (k.dot_f32)(row, q) * scale;
+                for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))) {
+                    for (s, row) in oh.iter_mut().zip(kc[r.clone()].chunks_exact(hd)) {
+                        *s = (k.dot_f32)(row, qh) * scale;
+                    }
                 }
             }
         }
     }
 
-    /// `out += Σ_j p[j] · V[l][j][head g]`.
+    /// `out_h += Σ_j p[h·n + j] · V[l][j][g]` for the query heads sharing KV head `g`
+    /// (`out`: `heads × head_dim`, `n = p.len() / heads`).
     pub fn mix_values(&self, k: &Kernels, l: usize, g: usize, p: &[f32], out: &mut [f32]) {
         let hd = self.head_dim;
+        let heads = out.len() / hd;
+        let n = p.len() / heads.max(1);
         let a = self.at(l, g, 0);
-        let r = a..a + p.len() * hd;
+        let r = a..a + n * hd;
         match &self.store {
-            Store::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, out),
+            Store::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, heads, out),
             Store::F32 { v: vc, .. } => {
-                for (&w, row) in p.iter().zip(vc[r].chunks_exact(hd)) {
-                    (k.axpy_f32)(out, w, row);
+                for (ph, oh) in p.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(hd)) {
+                    for (&w, row) in ph.iter().zip(vc[r.clone()].chunks_exact(hd)) {
+                        (k.axpy_f32)(oh, w, row);
+                    }
                 }
             }
         }
@@ -422,6 +433,19 @@ mod tests {
                         let dot: f32 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
                         assert_eq!(sp, dot * 0.5, "{ty} l={l} g={g} pos={pos}");
                     }
+                    // Two query heads of a group at once: each gets what it gets alone.
+                    let q2: Vec<f32> = q.iter().chain(&q.map(|x| -3.0 * x)).copied().collect();
+                    let mut s2 = [0.0f32; 10];
+                    c.scores(&REFERENCE, l, g, &q2, 0.5, &mut s2);
+                    let mut alone = [0.0f32; 5];
+                    c.scores(&REFERENCE, l, g, &q2[HD..], 0.5, &mut alone);
+                    assert_eq!((&s2[..5], &s2[5..]), (&s[..], &alone[..]), "{ty} scores x2");
+                    let p2: Vec<f32> = p.iter().chain(&p.map(|x| x / 2.0)).copied().collect();
+                    let mut o2 = [0.0f32; 2 * HD];
+                    c.mix_values(&REFERENCE, l, g, &p2, &mut o2);
+                    let mut alone = [0.0f32; HD];
+                    c.mix_values(&REFERENCE, l, g, &p2[5..], &mut alone);
+                    assert_eq!((&o2[..HD], &o2[HD..]), (&o[..], &alone[..]), "{ty} mix x2");
                     for (i, &oi) in o.iter().enumerate() {
                         let mut want = 0.0f32;
                         for (pos, &w) in p.iter().enumerate() {

@@ -11,9 +11,9 @@
 //!             x += (silu(xn·Wgate) ⊙ xn·Wup)·Wdown
 //! logits = rmsnorm(x[T-1])·output_norm · Woutput   [vocab]
 //! ```
-//! Matrix products run on the pool, split by rows; attention is split by (token, head). Every
-//! row and every head is computed whole by one thread, so logits do not depend on the thread
-//! count. Nothing here allocates.
+//! Matrix products run on the pool, split by rows; attention is split by (token, KV head).
+//! Every row and every head is computed whole by one thread, so logits do not depend on the
+//! thread count. Nothing here allocates.
 //!
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
@@ -37,7 +37,7 @@ pub struct Arena {
     up: Vec<f32>,
     /// `[row][tok]` output of a batched product, before transposing.
     tmp: Vec<f32>,
-    /// Attention scores: one row of `n_ctx` per thread.
+    /// Attention scores: per thread, one row of `n_ctx` per query head of a KV head's group.
     scores: Vec<f32>,
     acts: ActScratch,
     /// `(cos, sin)` for every position and rotated pair: `[n_ctx][n_rot]`.
@@ -83,7 +83,7 @@ impl Arena {
             gate: vec![0.0; chunk * ff],
             up: vec![0.0; chunk * ff],
             tmp: vec![0.0; tmp],
-            scores: vec![0.0; n_threads.max(1) * n_ctx],
+            scores: vec![0.0; n_threads.max(1) * hp.n_head / hp.n_head_kv * n_ctx],
             acts: ActScratch::new(chunk, widest),
             rope: rope_table(hp, n_ctx),
             logits: vec![0.0; hp.n_vocab],
@@ -367,7 +367,8 @@ fn mat_into(
 }
 
 /// Causal grouped-query attention of `q` (`[T][qd]`, positions `pos0..`) over the cache of
-/// layer `l`. Work items are (token, head) pairs, each computed whole by one thread.
+/// layer `l`. Work items are (token, KV head) pairs, each computed whole by one thread: the
+/// query heads sharing a KV head go through its keys and values together.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     k: &Kernels,
@@ -381,21 +382,23 @@ fn attention(
     scores: &mut [f32],
 ) {
     let hd = hp.head_dim;
-    let n_head = hp.n_head;
+    let n_kv = hp.n_head_kv;
     let group = hp.n_head / hp.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let n_ctx = kv.n_ctx();
-    pool.run_split_scratch(att, hd, scores, n_ctx, &|_, items, out, sc| {
+    let per_thread = group * kv.n_ctx();
+    pool.run_split_scratch(att, group * hd, scores, per_thread, &|_, items, out, sc| {
         for (i, item) in items.enumerate() {
-            let (t, h) = (item / n_head, item % n_head);
+            let (t, g) = (item / n_kv, item % n_kv);
             let n_pos = pos0 + t + 1;
-            let qh = &q[t * n_head * hd + h * hd..t * n_head * hd + (h + 1) * hd];
-            let s = &mut sc[..n_pos];
-            kv.scores(k, l, h / group, qh, scale, s);
-            (k.softmax)(s);
-            let o = &mut out[i * hd..(i + 1) * hd];
+            let qg = &q[(t * n_kv + g) * group * hd..(t * n_kv + g + 1) * group * hd];
+            let s = &mut sc[..group * n_pos];
+            kv.scores(k, l, g, qg, scale, s);
+            for row in s.chunks_exact_mut(n_pos) {
+                (k.softmax)(row);
+            }
+            let o = &mut out[i * group * hd..(i + 1) * group * hd];
             o.fill(0.0);
-            kv.mix_values(k, l, h / group, s, o);
+            kv.mix_values(k, l, g, s, o);
         }
     });
 }

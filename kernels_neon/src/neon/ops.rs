@@ -7,7 +7,7 @@
 
 use super::fp16::{f2h, f2h_x8, h2f, h2f_hi, h2f_lo, load_h8, store_h8};
 use crate::block::f16;
-use crate::reference::{check_rope, check_strided};
+use crate::reference::{check_group, check_rope};
 use core::arch::aarch64::*;
 
 #[inline(always)]
@@ -366,72 +366,171 @@ pub(crate) fn axpy_f16(y: &mut [f32], s: f32, x: &[f16]) {
     }
 }
 
-/// A head's attention scores: `dot_f16` per strided key row, inlined.
-pub(crate) fn scores_f16(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
-    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_f16(&k[j * stride..j * stride + q.len()], q) * scale;
+/// Query heads whose accumulators share the registers over one pass of the rows (the heads of
+/// a group share each row's f16 → f32 conversion and its trip from memory).
+const HEAD_TILE: usize = 4;
+
+/// A group's attention scores: per head and row, `dot_f16`'s sequence (two accumulators over
+/// the 8-element chunks, then the tail fused in order).
+pub(crate) fn scores_f16(
+    k: &[f16],
+    stride: usize,
+    q: &[f32],
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
+    if hd == 0 || n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let g = HEAD_TILE.min(heads - h0);
+        let (qt, ot) = (&q[h0 * hd..(h0 + g) * hd], &mut out[h0 * n..(h0 + g) * n]);
+        match g {
+            4 => scores_tile::<4>(k, stride, qt, scale, ot),
+            3 => scores_tile::<3>(k, stride, qt, scale, ot),
+            2 => scores_tile::<2>(k, stride, qt, scale, ot),
+            _ => scores_tile::<1>(k, stride, qt, scale, ot),
+        }
+        h0 += g;
     }
 }
 
-/// The output held in registers, 64 columns at a time, across all rows: per row and column
-/// `out + p·v` rounded as `axpy_f16` (a store and reload of f32 is exact), so the bits are the
-/// same as one `axpy_f16` per row.
-pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
-    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
-    let w = out.len();
-    let (oc, ot) = out.as_chunks_mut::<8>();
-    let (o8, o1) = oc.as_chunks_mut::<8>();
-    for (t, tile) in o8.iter_mut().enumerate() {
-        mix_tile(v, stride, p, t * 64, tile);
-    }
-    for (t, chunk) in o1.iter_mut().enumerate() {
-        mix_tile(
-            v,
-            stride,
-            p,
-            o8.len() * 64 + t * 8,
-            core::array::from_mut(chunk),
-        );
-    }
-    let t0 = w - ot.len();
-    for (j, &pj) in p.iter().enumerate() {
-        for (c, o) in ot.iter_mut().enumerate() {
-            *o += pj * h2f(v[j * stride + t0 + c]);
+/// [`scores_f16`] for `G` heads at once: each row's chunk is converted once for all.
+#[inline(always)]
+fn scores_tile<const G: usize>(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    let (hd, n) = (q.len() / G, out.len() / G);
+    let qh: [(&[[f32; 8]], &[f32]); G] =
+        core::array::from_fn(|h| q[h * hd..(h + 1) * hd].as_chunks::<8>());
+    for j in 0..n {
+        let row = &k[j * stride..j * stride + hd];
+        let (rc, rt) = row.as_chunks::<8>();
+        // SAFETY: NEON register intrinsics (NEON is part of the aarch64 baseline); memory is
+        // accessed through `ld`/`load_h8` on references only.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); 2]; G];
+            for (c, x) in rc.iter().enumerate() {
+                let x = load_h8(x);
+                let (lo, hi) = (h2f_lo(x), h2f_hi(x));
+                for (a, (qc, _)) in acc.iter_mut().zip(&qh) {
+                    let (y, _) = qc[c].as_chunks::<4>();
+                    a[0] = vfmaq_f32(a[0], lo, ld(&y[0]));
+                    a[1] = vfmaq_f32(a[1], hi, ld(&y[1]));
+                }
+            }
+            for (h, (a, (_, qt))) in acc.iter().zip(&qh).enumerate() {
+                let mut sum = vaddvq_f32(vaddq_f32(a[0], a[1]));
+                for (&x, &y) in rt.iter().zip(*qt) {
+                    sum = h2f(x).mul_add(y, sum);
+                }
+                out[h * n + j] = sum * scale;
+            }
         }
     }
 }
 
-/// Columns `c0..c0 + 8·C` of [`mix_f16`], accumulated in `2·C` registers.
+/// Per head, the output held in registers across all rows, `8·C` columns a pass: per row and
+/// column `out + p·v` rounded as `axpy_f16` (a store and reload of f32 is exact), so each
+/// head's bits are those of one `axpy_f16` per row.
+pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
+    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
+    if hd == 0 || n == 0 {
+        return;
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let g = HEAD_TILE.min(heads - h0);
+        let (pt, ot) = (&p[h0 * n..(h0 + g) * n], &mut out[h0 * hd..(h0 + g) * hd]);
+        match g {
+            4 => mix_heads::<4, 2>(v, stride, pt, ot),
+            3 => mix_heads::<3, 2>(v, stride, pt, ot),
+            2 => mix_heads::<2, 4>(v, stride, pt, ot),
+            _ => mix_heads::<1, 8>(v, stride, pt, ot),
+        }
+        h0 += g;
+    }
+}
+
+/// Rows a block of [`mix_heads`]: every column tile goes through the block before the next
+/// block, so the rows come from memory once whatever the number of tiles.
+const MIX_ROWS: usize = 32;
+
+/// [`mix_f16`] for `G` heads: blocks of rows, each through column tiles of `8·C`, then of 8,
+/// then the scalar tail; each output element still sums its rows in order.
 #[inline(always)]
-fn mix_tile<const C: usize>(
+fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    let (hd, n) = (out.len() / G, p.len() / G);
+    let wide = hd / (8 * C) * (8 * C);
+    let mut j0 = 0;
+    while j0 < n {
+        let rows = j0..(j0 + MIX_ROWS).min(n);
+        let mut c0 = 0;
+        while c0 < wide {
+            mix_tile::<G, C>(v, stride, p, n, rows.clone(), c0, hd, out);
+            c0 += 8 * C;
+        }
+        while c0 + 8 <= hd {
+            mix_tile::<G, 1>(v, stride, p, n, rows.clone(), c0, hd, out);
+            c0 += 8;
+        }
+        for h in 0..G {
+            for j in rows.clone() {
+                let pj = p[h * n + j];
+                for c in c0..hd {
+                    out[h * hd + c] += pj * h2f(v[j * stride + c]);
+                }
+            }
+        }
+        j0 = rows.end;
+    }
+}
+
+/// Columns `c0..c0 + 8·C` of `G` heads' outputs over `rows`, accumulated in `2·G·C`
+/// registers.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn mix_tile<const G: usize, const C: usize>(
     v: &[f16],
     stride: usize,
     p: &[f32],
+    n: usize,
+    rows: core::ops::Range<usize>,
     c0: usize,
-    tile: &mut [[f32; 8]; C],
+    hd: usize,
+    out: &mut [f32],
 ) {
     // SAFETY: NEON register intrinsics (NEON is part of the aarch64 baseline); memory is
     // accessed through `ld`/`st`/`load_h8` on references only.
     unsafe {
-        let mut acc = [[vdupq_n_f32(0.0); 2]; C];
-        for (a, o) in acc.iter_mut().zip(tile.iter()) {
-            let (o, _) = o.as_chunks::<4>();
-            *a = [ld(&o[0]), ld(&o[1])];
-        }
-        for (j, &pj) in p.iter().enumerate() {
-            let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
-            let (rc, _) = row.as_chunks::<8>();
-            for (a, h) in acc.iter_mut().zip(rc) {
-                let h = load_h8(h);
-                a[0] = vaddq_f32(a[0], vmulq_n_f32(h2f_lo(h), pj));
-                a[1] = vaddq_f32(a[1], vmulq_n_f32(h2f_hi(h), pj));
+        let mut acc = [[[vdupq_n_f32(0.0); 2]; C]; G];
+        for (h, a) in acc.iter_mut().enumerate() {
+            let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks::<4>();
+            for (c, a) in a.iter_mut().enumerate() {
+                *a = [ld(&o[2 * c]), ld(&o[2 * c + 1])];
             }
         }
-        for (a, o) in acc.iter().zip(tile.iter_mut()) {
-            let (o, _) = o.as_chunks_mut::<4>();
-            st(&mut o[0], a[0]);
-            st(&mut o[1], a[1]);
+        let ps: [&[f32]; G] = core::array::from_fn(|h| &p[h * n + rows.start..h * n + rows.end]);
+        for (i, j) in rows.enumerate() {
+            let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
+            let (rc, _) = row.as_chunks::<8>();
+            for (c, x) in rc.iter().enumerate() {
+                let x = load_h8(x);
+                let (lo, hi) = (h2f_lo(x), h2f_hi(x));
+                for (a, ph) in acc.iter_mut().zip(&ps) {
+                    a[c][0] = vaddq_f32(a[c][0], vmulq_n_f32(lo, ph[i]));
+                    a[c][1] = vaddq_f32(a[c][1], vmulq_n_f32(hi, ph[i]));
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks_mut::<4>();
+            for (c, a) in a.iter().enumerate() {
+                st(&mut o[2 * c], a[0]);
+                st(&mut o[2 * c + 1], a[1]);
+            }
         }
     }
 }

@@ -149,22 +149,62 @@ pub fn check_strided(what: &str, len: usize, stride: usize, n: usize, width: usi
     );
 }
 
-/// A head's attention scores over cached keys: `out[j] = dot_f16(row j, q) · scale`, row `j` of
-/// `k` being `k[j·stride..][..q.len()]`.
-pub fn scores_f16_ref(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
-    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_f16_ref(&k[j * stride..j * stride + q.len()], q) * scale;
+/// Checks the shapes of a group of `heads` query heads over strided rows: `wide` is `heads`
+/// vectors of the rows' width (queries or outputs), `per_head` is `heads` rows of `n` (scores
+/// or weights), and `len` holds the `n` rows. Returns `(width, n)`.
+#[inline]
+pub fn check_group(
+    what: &str,
+    len: usize,
+    stride: usize,
+    heads: usize,
+    wide: usize,
+    per_head: usize,
+) -> (usize, usize) {
+    assert!(
+        heads > 0 && wide.is_multiple_of(heads) && per_head.is_multiple_of(heads),
+        "{what}: {wide} and {per_head} values for {heads} heads"
+    );
+    let (width, n) = (wide / heads, per_head / heads);
+    check_strided(what, len, stride, n, width);
+    (width, n)
+}
+
+/// Attention scores of `heads` query heads sharing one KV head (grouped-query attention):
+/// `out[h·n + j] = dot_f16(row j, q_h) · scale`, with `q_h = q[h·hd..][..hd]`, row `j` of `k`
+/// at `k[j·stride..][..hd]` and `hd = q.len() / heads`, `n = out.len() / heads`.
+pub fn scores_f16_ref(
+    k: &[f16],
+    stride: usize,
+    q: &[f32],
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
+    if hd == 0 || n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+        for (j, o) in oh.iter_mut().enumerate() {
+            *o = dot_f16_ref(&k[j * stride..j * stride + hd], qh) * scale;
+        }
     }
 }
 
-/// A head's weighted sum of cached values: `out += p[j] · row j` for `j` in order, each step
-/// rounded as [`axpy_f16_ref`]; row `j` of `v` is `v[j·stride..][..out.len()]`.
-pub fn mix_f16_ref(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
-    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
-    let w = out.len();
-    for (j, &pj) in p.iter().enumerate() {
-        axpy_f16_ref(out, pj, &v[j * stride..j * stride + w]);
+/// The weighted sums of cached values for `heads` query heads sharing one KV head:
+/// `out_h += p[h·n + j] · row j` for `j` in order, each step rounded as [`axpy_f16_ref`];
+/// `out_h = out[h·hd..][..hd]`, row `j` of `v` at `v[j·stride..][..hd]`.
+pub fn mix_f16_ref(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
+    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
+    if hd == 0 || n == 0 {
+        return;
+    }
+    for (ph, oh) in p.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+        for (j, &pj) in ph.iter().enumerate() {
+            axpy_f16_ref(oh, pj, &v[j * stride..j * stride + hd]);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
 use crate::block::f16;
-use crate::reference::{check_rope, check_strided};
+use crate::reference::{check_group, check_rope};
 use std::arch::x86_64::*;
 
 macro_rules! avx2_entry {
@@ -68,12 +68,12 @@ avx2_entry!(
     axpy_f16(y: &mut [f32], s: f32, x: &[f16]) => axpy_f16_body
 );
 avx2_entry!(
-    /// A head's attention scores over strided f16 key rows.
-    scores_f16(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) => scores_f16_body
+    /// The attention scores of a group of query heads over strided f16 key rows.
+    scores_f16(k: &[f16], stride: usize, q: &[f32], heads: usize, scale: f32, out: &mut [f32]) => scores_f16_body
 );
 avx2_entry!(
-    /// A head's weighted sum of strided f16 value rows.
-    mix_f16(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) => mix_f16_body
+    /// A group of query heads' weighted sums of strided f16 value rows.
+    mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) => mix_f16_body
 );
 avx2_entry!(
     /// f16 → f32 (exact).
@@ -326,7 +326,7 @@ fn dot_f16_body(a: &[f16], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
     let mut s = [0.0];
     // One row; the scale 1.0 leaves the sum's bits unchanged.
-    scores_f16_body(a, a.len(), b, 1.0, &mut s);
+    scores_f16_body(a, a.len(), b, 1, 1.0, &mut s);
     s[0]
 }
 
@@ -344,88 +344,173 @@ fn axpy_f16_body(y: &mut [f32], s: f32, x: &[f16]) {
     }
 }
 
-/// Per row, four 8-lane accumulators over the 8-element chunks (chunk `c` into `acc[c % 4]`),
-/// summed `(0 + 1) + (2 + 3)`, then the tail in order: one call per head, not per position.
+/// Query heads whose accumulators share the registers over one pass of the rows (the heads of
+/// a group share each row's f16 → f32 conversion and its trip from memory); more heads take
+/// further passes.
+const HEAD_TILE: usize = 3;
+
+/// Per head and row, four 8-lane accumulators over the 8-element chunks (chunk `c` into
+/// `acc[c % 4]`), summed `(0 + 1) + (2 + 3)`, then the tail in order: `dot_f16`'s sequence.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scores_f16_body(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
-    check_strided("scores_f16", k.len(), stride, out.len(), q.len());
-    let (bc, bt) = q.as_chunks::<8>();
-    let (b4, b1) = bc.as_chunks::<4>();
-    for (j, o) in out.iter_mut().enumerate() {
-        let a = &k[j * stride..j * stride + q.len()];
-        let (ac, at) = a.as_chunks::<8>();
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let (a4, a1) = ac.as_chunks::<4>();
-        for (x, y) in a4.iter().zip(b4) {
-            for k in 0..4 {
-                acc[k] = _mm256_fmadd_ps(load_ph(&x[k]), load_ps(&y[k]), acc[k]);
-            }
+fn scores_f16_body(k: &[f16], stride: usize, q: &[f32], heads: usize, scale: f32, out: &mut [f32]) {
+    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
+    if hd == 0 || n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let g = HEAD_TILE.min(heads - h0);
+        let (qt, ot) = (&q[h0 * hd..(h0 + g) * hd], &mut out[h0 * n..(h0 + g) * n]);
+        match g {
+            3 => scores_tile::<3>(k, stride, qt, scale, ot),
+            2 => scores_tile::<2>(k, stride, qt, scale, ot),
+            _ => scores_tile::<1>(k, stride, qt, scale, ot),
         }
-        for (k, (x, y)) in a1.iter().zip(b1).enumerate() {
-            acc[k] = _mm256_fmadd_ps(load_ph(x), load_ps(y), acc[k]);
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut sum = hsum_ps(v);
-        for (&x, &y) in at.iter().zip(bt) {
-            sum += x.to_f32() * y;
-        }
-        *o = sum * scale;
+        h0 += g;
     }
 }
 
-/// The output held in registers, 64 columns at a time, across all rows: per row and column
-/// `out + p·v` rounded as `axpy_f16_body` (a store and reload of f32 is exact), so the bits
-/// are the same as one `axpy_f16` per row.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
-    check_strided("mix_f16", v.len(), stride, p.len(), out.len());
-    let w = out.len();
-    let (oc, ot) = out.as_chunks_mut::<8>();
-    let (o8, o1) = oc.as_chunks_mut::<8>();
-    for (t, tile) in o8.iter_mut().enumerate() {
-        mix_tile(v, stride, p, t * 64, tile);
-    }
-    for (t, chunk) in o1.iter_mut().enumerate() {
-        mix_tile(
-            v,
-            stride,
-            p,
-            o8.len() * 64 + t * 8,
-            std::array::from_mut(chunk),
-        );
-    }
-    let t0 = w - ot.len();
-    for (j, &pj) in p.iter().enumerate() {
-        for (c, o) in ot.iter_mut().enumerate() {
-            *o += pj * v[j * stride + t0 + c].to_f32();
-        }
-    }
-}
-
-/// Columns `c0..c0 + 8·C` of [`mix_f16_body`], accumulated in `C` registers.
+/// [`scores_f16_body`] for `G` heads at once: each row's chunk is converted once for all.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn mix_tile<const C: usize>(
+fn scores_tile<const G: usize>(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    let (hd, n) = (q.len() / G, out.len() / G);
+    let qh: [&[f32]; G] = std::array::from_fn(|h| &q[h * hd..(h + 1) * hd]);
+    // Each head's query as groups of 4 chunks of 8, the chunks left, and the tail.
+    type Split<'a> = (&'a [[[f32; 8]; 4]], &'a [[f32; 8]], &'a [f32]);
+    let split: [Split<'_>; G] = std::array::from_fn(|h| {
+        let (c, t) = qh[h].as_chunks::<8>();
+        let (c4, c1) = c.as_chunks::<4>();
+        (c4, c1, t)
+    });
+    for j in 0..n {
+        let row = &k[j * stride..j * stride + hd];
+        let (rc, rt) = row.as_chunks::<8>();
+        let (r4, r1) = rc.as_chunks::<4>();
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        for (i, x) in r4.iter().enumerate() {
+            for c in 0..4 {
+                let kv = load_ph(&x[c]);
+                for h in 0..G {
+                    acc[h][c] = _mm256_fmadd_ps(kv, load_ps(&split[h].0[i][c]), acc[h][c]);
+                }
+            }
+        }
+        for (c, x) in r1.iter().enumerate() {
+            let kv = load_ph(x);
+            for h in 0..G {
+                acc[h][c] = _mm256_fmadd_ps(kv, load_ps(&split[h].1[c]), acc[h][c]);
+            }
+        }
+        for h in 0..G {
+            let a = &acc[h];
+            let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+            let mut sum = hsum_ps(v);
+            for (&x, &y) in rt.iter().zip(split[h].2) {
+                sum += x.to_f32() * y;
+            }
+            out[h * n + j] = sum * scale;
+        }
+    }
+}
+
+/// Per head, the output held in registers across all rows, `8·C` columns a pass (`G·C ≤ 8`
+/// accumulators): per row and column `out + p·v` rounded as `axpy_f16_body` (a store and
+/// reload of f32 is exact), so each head's bits are those of one `axpy_f16` per row.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
+    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
+    if hd == 0 || n == 0 {
+        return;
+    }
+    let mut h0 = 0;
+    while h0 < heads {
+        let g = HEAD_TILE.min(heads - h0);
+        let (pt, ot) = (&p[h0 * n..(h0 + g) * n], &mut out[h0 * hd..(h0 + g) * hd]);
+        match g {
+            3 => mix_heads::<3, 2>(v, stride, pt, ot),
+            2 => mix_heads::<2, 4>(v, stride, pt, ot),
+            _ => mix_heads::<1, 8>(v, stride, pt, ot),
+        }
+        h0 += g;
+    }
+}
+
+/// Rows a block of [`mix_heads`]: every column tile goes through the block before the next
+/// block, so the rows come from memory once (4 KB of f16 rows for a head of 64) whatever the
+/// number of tiles.
+const MIX_ROWS: usize = 32;
+
+/// [`mix_f16_body`] for `G` heads: blocks of rows, each through column tiles of `8·C`, then of
+/// 8, then the scalar tail; each output element still sums its rows in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
+    let (hd, n) = (out.len() / G, p.len() / G);
+    let wide = hd / (8 * C) * (8 * C);
+    let mut j0 = 0;
+    while j0 < n {
+        let rows = j0..(j0 + MIX_ROWS).min(n);
+        let mut c0 = 0;
+        while c0 < wide {
+            mix_tile::<G, C>(v, stride, p, n, rows.clone(), c0, hd, out);
+            c0 += 8 * C;
+        }
+        while c0 + 8 <= hd {
+            mix_tile::<G, 1>(v, stride, p, n, rows.clone(), c0, hd, out);
+            c0 += 8;
+        }
+        for h in 0..G {
+            for j in rows.clone() {
+                let pj = p[h * n + j];
+                for c in c0..hd {
+                    out[h * hd + c] += pj * v[j * stride + c].to_f32();
+                }
+            }
+        }
+        j0 = rows.end;
+    }
+}
+
+/// Columns `c0..c0 + 8·C` of `G` heads' outputs over `rows`, accumulated in `G·C` registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+fn mix_tile<const G: usize, const C: usize>(
     v: &[f16],
     stride: usize,
     p: &[f32],
+    n: usize,
+    rows: std::ops::Range<usize>,
     c0: usize,
-    tile: &mut [[f32; 8]; C],
+    hd: usize,
+    out: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); C];
-    for (a, o) in acc.iter_mut().zip(tile.iter()) {
-        *a = load_ps(o);
-    }
-    for (j, &pj) in p.iter().enumerate() {
-        let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
-        let (rc, _) = row.as_chunks::<8>();
-        let s = _mm256_set1_ps(pj);
-        for (a, h) in acc.iter_mut().zip(rc) {
-            *a = _mm256_add_ps(*a, _mm256_mul_ps(s, load_ph(h)));
+    let mut acc = [[_mm256_setzero_ps(); C]; G];
+    for (h, a) in acc.iter_mut().enumerate() {
+        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks::<8>();
+        for (a, o) in a.iter_mut().zip(o) {
+            *a = load_ps(o);
         }
     }
-    for (a, o) in acc.iter().zip(tile.iter_mut()) {
-        store_ps(o, *a);
+    let ps: [&[f32]; G] = std::array::from_fn(|h| &p[h * n + rows.start..h * n + rows.end]);
+    for (i, j) in rows.enumerate() {
+        let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
+        let (rc, _) = row.as_chunks::<8>();
+        let s: [__m256; G] = std::array::from_fn(|h| _mm256_set1_ps(ps[h][i]));
+        for (c, x) in rc.iter().enumerate() {
+            let kv = load_ph(x);
+            for (a, s) in acc.iter_mut().zip(&s) {
+                a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(*s, kv));
+            }
+        }
+    }
+    for (h, a) in acc.iter().enumerate() {
+        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks_mut::<8>();
+        for (a, o) in a.iter().zip(o) {
+            store_ps(o, *a);
+        }
     }
 }
 
