@@ -9,6 +9,7 @@
 //!
 //! This crate depends on nothing else of edgellm's and does no I/O.
 
+mod attn;
 pub mod block;
 pub mod dispatch;
 pub mod reference;

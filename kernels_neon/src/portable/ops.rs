@@ -6,7 +6,7 @@
 
 use super::simd::{exp8, f16_to_f32, f16x8_to_f32x8, f32x8_to_f16x8};
 use crate::block::f16;
-use crate::reference::{check_group, check_rope};
+use crate::reference::check_rope;
 use wide::f32x8;
 
 #[inline]
@@ -244,29 +244,21 @@ pub(crate) fn scores_f16(
     scale: f32,
     out: &mut [f32],
 ) {
-    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
-    if hd == 0 || n == 0 {
-        out.fill(0.0);
-        return;
-    }
-    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+    crate::attn::scores_groups((k, stride), q, heads, out, 1, |_, qh, oh| {
         for (j, o) in oh.iter_mut().enumerate() {
-            *o = dot_with(&k[j * stride..j * stride + hd], qh, ld_h) * scale;
+            *o = dot_with(&k[j * stride..j * stride + qh.len()], qh, ld_h) * scale;
         }
-    }
+    });
 }
 
 /// A group's weighted sums of strided value rows: `axpy_f16` per head and row, inlined.
 pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
-    if hd == 0 || n == 0 {
-        return;
-    }
-    for (ph, oh) in p.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+    crate::attn::mix_groups((v, stride), p, heads, out, 1, |_, ph, oh| {
+        let hd = oh.len();
         for (j, &pj) in ph.iter().enumerate() {
             axpy_with(oh, pj, &v[j * stride..j * stride + hd], ld_h);
         }
-    }
+    });
 }
 
 /// `y += s * x`.

@@ -7,8 +7,9 @@
 use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
+use crate::attn;
 use crate::block::f16;
-use crate::reference::{check_group, check_rope};
+use crate::reference::check_rope;
 use std::arch::x86_64::*;
 
 macro_rules! avx2_entry {
@@ -353,22 +354,11 @@ const HEAD_TILE: usize = 3;
 /// `acc[c % 4]`), summed `(0 + 1) + (2 + 3)`, then the tail in order: `dot_f16`'s sequence.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scores_f16_body(k: &[f16], stride: usize, q: &[f32], heads: usize, scale: f32, out: &mut [f32]) {
-    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
-    if hd == 0 || n == 0 {
-        out.fill(0.0);
-        return;
-    }
-    let mut h0 = 0;
-    while h0 < heads {
-        let g = HEAD_TILE.min(heads - h0);
-        let (qt, ot) = (&q[h0 * hd..(h0 + g) * hd], &mut out[h0 * n..(h0 + g) * n]);
-        match g {
-            3 => scores_tile::<3>(k, stride, qt, scale, ot),
-            2 => scores_tile::<2>(k, stride, qt, scale, ot),
-            _ => scores_tile::<1>(k, stride, qt, scale, ot),
-        }
-        h0 += g;
-    }
+    attn::scores_groups((k, stride), q, heads, out, HEAD_TILE, |g, q, out| match g {
+        3 => scores_tile::<3>(k, stride, q, scale, out),
+        2 => scores_tile::<2>(k, stride, q, scale, out),
+        _ => scores_tile::<1>(k, stride, q, scale, out),
+    });
 }
 
 /// [`scores_f16_body`] for `G` heads at once: each row's chunk is converted once for all.
@@ -420,57 +410,25 @@ fn scores_tile<const G: usize>(k: &[f16], stride: usize, q: &[f32], scale: f32, 
 /// reload of f32 is exact), so each head's bits are those of one `axpy_f16` per row.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
-    if hd == 0 || n == 0 {
-        return;
-    }
-    let mut h0 = 0;
-    while h0 < heads {
-        let g = HEAD_TILE.min(heads - h0);
-        let (pt, ot) = (&p[h0 * n..(h0 + g) * n], &mut out[h0 * hd..(h0 + g) * hd]);
-        match g {
-            3 => mix_heads::<3, 2>(v, stride, pt, ot),
-            2 => mix_heads::<2, 4>(v, stride, pt, ot),
-            _ => mix_heads::<1, 8>(v, stride, pt, ot),
-        }
-        h0 += g;
-    }
+    attn::mix_groups((v, stride), p, heads, out, HEAD_TILE, |g, p, out| match g {
+        3 => mix_heads::<3, 2>(v, stride, p, out),
+        2 => mix_heads::<2, 4>(v, stride, p, out),
+        _ => mix_heads::<1, 8>(v, stride, p, out),
+    });
 }
 
-/// Rows a block of [`mix_heads`]: every column tile goes through the block before the next
-/// block, so the rows come from memory once (4 KB of f16 rows for a head of 64) whatever the
-/// number of tiles.
-const MIX_ROWS: usize = 32;
-
-/// [`mix_f16_body`] for `G` heads: blocks of rows, each through column tiles of `8·C`, then of
-/// 8, then the scalar tail; each output element still sums its rows in order.
+/// [`mix_f16_body`] for `G` heads, on tiles of `8·C` columns then of 8 ([`attn::mix_blocks`]).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
     let (hd, n) = (out.len() / G, p.len() / G);
-    let wide = hd / (8 * C) * (8 * C);
-    let mut j0 = 0;
-    while j0 < n {
-        let rows = j0..(j0 + MIX_ROWS).min(n);
-        let mut c0 = 0;
-        while c0 < wide {
-            mix_tile::<G, C>(v, stride, p, n, rows.clone(), c0, hd, out);
-            c0 += 8 * C;
+    attn::mix_blocks(v, stride, p, G, out, 8 * C, |rows, c0, cols, out| {
+        if cols == 8 * C {
+            mix_tile::<G, C>(v, stride, p, n, rows, c0, hd, out)
+        } else {
+            mix_tile::<G, 1>(v, stride, p, n, rows, c0, hd, out)
         }
-        while c0 + 8 <= hd {
-            mix_tile::<G, 1>(v, stride, p, n, rows.clone(), c0, hd, out);
-            c0 += 8;
-        }
-        for h in 0..G {
-            for j in rows.clone() {
-                let pj = p[h * n + j];
-                for c in c0..hd {
-                    out[h * hd + c] += pj * v[j * stride + c].to_f32();
-                }
-            }
-        }
-        j0 = rows.end;
-    }
+    });
 }
 
 /// Columns `c0..c0 + 8·C` of `G` heads' outputs over `rows`, accumulated in `G·C` registers.
