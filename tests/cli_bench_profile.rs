@@ -175,3 +175,18 @@ fn depth_runs_after_cached_positions_and_says_so() {
     assert_eq!(v[0]["n_depth"], 30, "{v}");
     assert!(v[0]["tg_tps"].as_f64().unwrap() > 0.0, "{v}");
 }
+
+/// A depth past the largest context is refused up front, with the reason, not attempted.
+#[test]
+fn a_depth_beyond_any_context_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(["bench", "-m", model.to_str().unwrap(), "-t", "1"])
+        .args(["-d", "18446744073709551615"])
+        .output()
+        .expect("spawn edgellm");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("exceeds the largest context"), "{err}");
+}

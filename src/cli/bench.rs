@@ -3,7 +3,7 @@
 
 use super::CliResult;
 use super::profile;
-use edgellm::engine::{Engine, EngineConfig, Session};
+use edgellm::engine::{Engine, EngineConfig, MAX_CTX, Session};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
 use serde_json::json;
@@ -120,7 +120,19 @@ pub fn run(a: Args) -> CliResult {
         })?);
     }
     let n_vocab = model.hp.n_vocab as u32;
-    let ctx = a.ctx.max(a.depth + a.n_prompt.max(a.n_gen) + 1);
+    // Checked before the token lists are built: -d, -p and -n come from the command line.
+    let need = a
+        .depth
+        .checked_add(a.n_prompt.max(a.n_gen))
+        .and_then(|n| n.checked_add(1))
+        .filter(|&n| n <= MAX_CTX)
+        .ok_or_else(|| {
+            format!(
+                "-d {} plus the longer of -p {} and -n {} exceeds the largest context, {MAX_CTX}",
+                a.depth, a.n_prompt, a.n_gen
+            )
+        })?;
+    let ctx = a.ctx.max(need);
     // Deterministic, ordinary token ids (not special tokens).
     let prompt: Vec<u32> = (0..a.n_prompt as u32)
         .map(|i| 100 + (i * 7919) % (n_vocab - 200))
