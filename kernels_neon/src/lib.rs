@@ -5,6 +5,7 @@
 //! - [`reference`]: scalar code, the definition of every kernel.
 //! - `portable` (the `wide` crate, any target), `x86` (AVX2+FMA+F16C) and `neon`
 //!   (aarch64: base, dotprod, i8mm): fast versions with the same names.
+//! - `attn`: the loops the paths' attention kernels share around their own register tiles.
 //! - [`dispatch`]: a table of function pointers per path, chosen at runtime.
 //!
 //! This crate depends on nothing else of edgellm's and does no I/O.
