@@ -83,7 +83,7 @@ impl Arena {
             gate: vec![0.0; chunk * ff],
             up: vec![0.0; chunk * ff],
             tmp: vec![0.0; tmp],
-            scores: vec![0.0; n_threads.max(1) * hp.n_head / hp.n_head_kv * n_ctx],
+            scores: vec![0.0; n_threads.max(1) * hp.group() * n_ctx],
             acts: ActScratch::new(chunk, widest),
             rope: rope_table(hp, n_ctx),
             logits: vec![0.0; hp.n_vocab],
@@ -383,7 +383,7 @@ fn attention(
 ) {
     let hd = hp.head_dim;
     let n_kv = hp.n_head_kv;
-    let group = hp.n_head / hp.n_head_kv;
+    let group = hp.group();
     let scale = 1.0 / (hd as f32).sqrt();
     let per_thread = group * kv.n_ctx();
     pool.run_split_scratch(att, group * hd, scores, per_thread, &|_, items, out, sc| {

@@ -72,7 +72,7 @@ fn round_kv(v: &[f32], ty: KvType) -> Vec<f32> {
 pub fn golden_logits(model: &Model, tokens: &[u32], kv_type: KvType) -> Vec<Vec<f32>> {
     let hp = &model.hp;
     let (d, hd) = (hp.n_embd, hp.head_dim);
-    let group = hp.n_head / hp.n_head_kv;
+    let group = hp.group();
     let scale = 1.0 / (hd as f32).sqrt();
     // key_cache[layer][pos] = kv_dim values (rounded as the cache stores them); same for values.
     let mut key_cache: Vec<Vec<Vec<f32>>> = vec![Vec::new(); hp.n_layer];

@@ -59,6 +59,10 @@ impl HParams {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+    /// Query heads per KV head (grouped-query attention; loading checks that it divides).
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
 
     /// Reads and checks the hyper-parameters; `n_vocab` is the length of the token list.
     pub fn from_metadata(md: &Metadata, n_vocab: usize) -> Result<HParams, ModelError> {
