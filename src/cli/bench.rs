@@ -222,10 +222,7 @@ pub fn run(a: Args) -> CliResult {
     );
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
-    let depth = match a.depth {
-        0 => String::new(),
-        d => format!(" @ d{d}"),
-    };
+    let depth = profile::at_depth(a.depth);
     for (t, k, pp, tg, _, _) in &rows {
         for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
             if !v.is_empty() {

@@ -145,7 +145,7 @@ pub fn run(
 }
 
 /// llama-bench's suffix for a test run after `depth` cached positions.
-fn at_depth(depth: usize) -> String {
+pub fn at_depth(depth: usize) -> String {
     match depth {
         0 => String::new(),
         d => format!(" @ d{d}"),
