@@ -181,31 +181,25 @@ pub fn scores_f16_ref(
     scale: f32,
     out: &mut [f32],
 ) {
-    let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
-    if hd == 0 || n == 0 {
-        out.fill(0.0);
-        return;
-    }
-    for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n)) {
+    // One head at a time, through the shape checks every path shares.
+    crate::attn::scores_groups((k, stride), q, heads, out, 1, |_, qh, oh| {
         for (j, o) in oh.iter_mut().enumerate() {
-            *o = dot_f16_ref(&k[j * stride..j * stride + hd], qh) * scale;
+            *o = dot_f16_ref(&k[j * stride..j * stride + qh.len()], qh) * scale;
         }
-    }
+    });
 }
 
 /// The weighted sums of cached values for `heads` query heads sharing one KV head:
 /// `out_h += p[h·n + j] · row j` for `j` in order, each step rounded as [`axpy_f16_ref`];
 /// `out_h = out[h·hd..][..hd]`, row `j` of `v` at `v[j·stride..][..hd]`.
 pub fn mix_f16_ref(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
-    if hd == 0 || n == 0 {
-        return;
-    }
-    for (ph, oh) in p.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+    // One head at a time, through the shape checks every path shares.
+    crate::attn::mix_groups((v, stride), p, heads, out, 1, |_, ph, oh| {
+        let hd = oh.len();
         for (j, &pj) in ph.iter().enumerate() {
             axpy_f16_ref(oh, pj, &v[j * stride..j * stride + hd]);
         }
-    }
+    });
 }
 
 #[cfg(test)]
