@@ -13,6 +13,7 @@
 mod attn;
 pub mod block;
 pub mod dispatch;
+pub mod hint;
 pub mod reference;
 
 #[macro_use]

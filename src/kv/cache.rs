@@ -7,7 +7,7 @@
 //! Snapshots keep position-major rows (`kv_dim` elements in head order), so their format does
 //! not depend on this choice.
 
-use kernels_neon::{Kernels, f16};
+use kernels_neon::{Kernels, f16, hint};
 use std::fmt;
 
 /// Element type of the cache.
@@ -246,6 +246,36 @@ impl KvCache {
         }
     }
 
+    /// Starts loading, for every KV head of layer `l`, the keys and values attention will read
+    /// for a token at `pos` (positions `0..=pos`, at most `max_bytes` of each run: the
+    /// hardware prefetchers follow from there) and the row the token's own K/V will be stored
+    /// into. A hint: called before the layer's first product, the memory latency of these
+    /// scattered starts overlaps that product's streaming.
+    pub fn prefetch(&self, l: usize, pos: usize, max_bytes: usize) {
+        if l >= self.n_layer || pos >= self.n_ctx {
+            return;
+        }
+        let hd = self.head_dim;
+        for g in 0..self.n_head_kv {
+            let r = self.at(l, g, 0)..self.at(l, g, pos) + hd;
+            let own = self.at(l, g, pos)..r.end;
+            match &self.store {
+                Store::F16 { k, v } => {
+                    for x in [k, v] {
+                        hint::prefetch(&x[r.clone()], max_bytes);
+                        hint::prefetch(&x[own.clone()], usize::MAX);
+                    }
+                }
+                Store::F32 { k, v } => {
+                    for x in [k, v] {
+                        hint::prefetch(&x[r.clone()], max_bytes);
+                        hint::prefetch(&x[own.clone()], usize::MAX);
+                    }
+                }
+            }
+        }
+    }
+
     /// The scores of the query heads `q` (`heads × head_dim`) that share KV head `g`:
     /// `out[h·n + j] = scale · q_h · K[l][j][g]` for positions `j in 0..n`,
     /// `n = out.len() / heads`.
@@ -375,6 +405,28 @@ mod tests {
             }
         }
         c
+    }
+
+    /// A prefetch reads within the cache for every layer and position, whatever its cap,
+    /// ignores positions and layers outside it, and changes nothing.
+    #[test]
+    fn prefetch_stays_in_bounds_and_changes_nothing() {
+        for ty in [KvType::F32, KvType::F16] {
+            let n_ctx = 7;
+            let c = filled(ty, n_ctx, n_ctx);
+            let mut before = Vec::new();
+            c.write_rows(0..n_ctx, &mut before);
+            for l in 0..=L {
+                for pos in 0..=n_ctx {
+                    for cap in [0, 1, 63, 64, 8 << 10, usize::MAX] {
+                        c.prefetch(l, pos, cap);
+                    }
+                }
+            }
+            let mut after = Vec::new();
+            c.write_rows(0..n_ctx, &mut after);
+            assert_eq!(before, after, "{ty}");
+        }
     }
 
     /// The snapshot's rows stay position-major whatever the layout in RAM: per layer, the K
