@@ -118,9 +118,10 @@ fn need(ms: &[&Mat<'_>]) -> [bool; 2] {
 }
 
 /// Bytes of each KV head's key (and value) run prefetched at the start of a decoded token's
-/// layer: 64 positions of SmolLM2's heads, where the hardware prefetchers have taken over.
-/// (Prefetches beyond what the core can have in flight stall it before the product starts.)
-const KV_PREFETCH_BYTES: usize = 8 << 10;
+/// layer: 16 positions of SmolLM2's heads, from where the hardware prefetchers follow. The
+/// prefetches themselves wait on the core's outstanding misses, so more costs more than it
+/// saves (measured on Zen 4 with `--profile`, tg64: 2 KB best of 1-8 KB).
+const KV_PREFETCH_BYTES: usize = 2 << 10;
 
 /// Runs the layers over `tokens` at positions `pos0..`; writes the K/V rows into `kv` and, if
 /// `want_logits`, the last token's logits into `arena.logits`. The caller checks that the
