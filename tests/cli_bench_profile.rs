@@ -14,9 +14,22 @@ fn write_model(dir: &Path) -> PathBuf {
 }
 
 fn bench(model: &Path, extra: &[&str]) -> Output {
+    bench_reps(model, 1, extra)
+}
+
+fn bench_reps(model: &Path, reps: usize, extra: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
         .args(["bench", "-m", model.to_str().unwrap()])
-        .args(["-p", "20", "-n", "6", "-r", "1", "--chunk", "8"])
+        .args([
+            "-p",
+            "20",
+            "-n",
+            "6",
+            "-r",
+            &reps.to_string(),
+            "--chunk",
+            "8",
+        ])
         .args(extra)
         .output()
         .expect("spawn edgellm");
@@ -189,4 +202,40 @@ fn a_depth_beyond_any_context_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("exceeds the largest context"), "{err}");
+}
+
+/// `--bandwidth`: the bound and both shares in the JSON, one paired share per tg run (each
+/// against the probes beside it), and the text line that reports them.
+#[test]
+fn bandwidth_reports_the_bound_and_a_paired_share_per_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path());
+    let out = bench_reps(&model, 3, &["-t", "1", "--bandwidth", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &v[0];
+    let num = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+    assert!(num("bw_gbps") > 0.0, "{row}");
+    let bound = num("tg_bound_tps");
+    assert!(
+        (num("tg_of_bound") - num("tg_tps") / bound).abs() < 1e-9,
+        "{row}"
+    );
+    let shares: Vec<f64> = row["tg_paired_shares"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tg_paired_shares in {row}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(shares.len(), 3, "{row}");
+    assert!(shares.iter().all(|&s| s > 0.0), "{row}");
+    let mut sorted = shares.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(num("tg_of_bound_paired"), sorted[1], "{row}");
+
+    let out = bench_reps(&model, 2, &["-t", "1", "--bandwidth"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("decoding is bounded near") && text.contains("% of it (each run against"),
+        "{text}"
+    );
 }

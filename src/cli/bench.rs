@@ -2,6 +2,7 @@
 //! measures them, so the two can be run side by side on the same files.
 
 use super::CliResult;
+use super::bench_bw::{PAIR_PASSES, PASSES, Probe, median, paired_shares};
 use super::profile;
 use edgellm::engine::{Engine, EngineConfig, MAX_CTX, Session};
 use edgellm::kv::KvType;
@@ -74,9 +75,11 @@ pub struct Args {
     /// Also write the profile as an SVG bar chart to this file (implies --profile).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Also measure the read bandwidth on each thread count (a 256 MiB buffer, best of a probe
-    /// before and after the runs) and report the bound of decoding, bandwidth / weight bytes
-    /// per token, and tg as a share of it.
+    /// Also measure the read bandwidth on each thread count (a 256 MiB buffer read before,
+    /// between and after the runs; the best pass counts) and report the bound of decoding,
+    /// bandwidth / weight bytes per token, and tg as a share of it: the mean tg against the
+    /// best probe, and each tg run against the probes just before and after it (their median:
+    /// a share measured under the machine's load of the moment).
     #[arg(long, conflicts_with = "restore")]
     bandwidth: bool,
 }
@@ -88,19 +91,23 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Tokens per second of each repetition of `f` (after one warm-up run).
+/// Tokens per second of each repetition of `f` (after one warm-up run); `around` runs before
+/// each repetition and after the last, untimed.
 fn measure(
     reps: usize,
     tokens: usize,
     mut f: impl FnMut() -> Result<(), String>,
+    mut around: impl FnMut(),
 ) -> Result<Vec<f64>, String> {
     f()?;
     let mut out = Vec::with_capacity(reps);
     for _ in 0..reps {
+        around();
         let t0 = Instant::now();
         f()?;
         out.push(tokens as f64 / t0.elapsed().as_secs_f64());
     }
+    around();
     Ok(out)
 }
 
@@ -141,6 +148,8 @@ pub fn run(a: Args) -> CliResult {
         .map(|i| 100 + (i * 104_729 + 17) % (n_vocab - 200))
         .collect();
     let at = a.depth;
+    let weight_bytes = model.weight_bytes_per_token() as f64;
+    let probe = a.bandwidth.then(Probe::new);
     let mut rows = Vec::new();
     for &threads in &a.threads_list {
         let cfg = EngineConfig {
@@ -154,23 +163,35 @@ pub fn run(a: Args) -> CliResult {
         if !context.is_empty() {
             e.feed(&mut s, &context).map_err(|e| e.to_string())?;
         }
-        let bw_before = a
-            .bandwidth
-            .then(|| super::bench_bw::read_bandwidth(threads));
+        let bw_before = probe.as_ref().map(|p| p.read_bandwidth(threads, PASSES));
         let pp = if a.n_prompt > 0 {
-            measure(a.repetitions, a.n_prompt, || {
-                s.truncate(at);
-                e.feed(&mut s, &prompt)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })?
+            measure(
+                a.repetitions,
+                a.n_prompt,
+                || {
+                    s.truncate(at);
+                    e.feed(&mut s, &prompt)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+                || (),
+            )?
         } else {
             Vec::new()
         };
+        // The probes around each tg run, for the paired shares.
+        let mut tg_bw = Vec::new();
         let tg = if a.n_gen > 0 {
-            measure(a.repetitions, a.n_gen, || {
-                tg_run(&mut e, &mut s, at, a.n_gen)
-            })?
+            measure(
+                a.repetitions,
+                a.n_gen,
+                || tg_run(&mut e, &mut s, at, a.n_gen),
+                || {
+                    if let Some(p) = &probe {
+                        tg_bw.push(p.read_bandwidth(threads, PAIR_PASSES));
+                    }
+                },
+            )?
         } else {
             Vec::new()
         };
@@ -179,10 +200,14 @@ pub fn run(a: Args) -> CliResult {
         } else {
             Vec::new()
         };
-        let bw = bw_before.map(|b| b.max(super::bench_bw::read_bandwidth(threads)));
-        rows.push((threads, e.kernels().name(), pp, tg, prof, bw));
+        let bw = probe.as_ref().zip(bw_before).map(|(p, b)| {
+            tg_bw
+                .iter()
+                .fold(b.max(p.read_bandwidth(threads, PASSES)), |m, &x| m.max(x))
+        });
+        let paired = paired_shares(&tg, &tg_bw, weight_bytes);
+        rows.push((threads, e.kernels().name(), pp, tg, prof, bw, paired));
     }
-    let weight_bytes = model.weight_bytes_per_token() as f64;
     // tokens/s that the bandwidth allows when every weight byte is read once per token.
     let bound = |bw: f64| bw / weight_bytes;
     if let Some(path) = &a.svg {
@@ -195,7 +220,7 @@ pub fn run(a: Args) -> CliResult {
     if a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(t, k, pp, tg, prof, bw)| {
+            .map(|(t, k, pp, tg, prof, bw, paired)| {
                 let (ppm, pps) = mean_sd(pp);
                 let (tgm, tgs) = mean_sd(tg);
                 let mut row = json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt,
@@ -208,6 +233,10 @@ pub fn run(a: Args) -> CliResult {
                     row["bw_gbps"] = json!(bw / 1e9);
                     row["tg_bound_tps"] = json!(bound(*bw));
                     row["tg_of_bound"] = json!(tgm / bound(*bw));
+                    if let Some(m) = median(paired) {
+                        row["tg_of_bound_paired"] = json!(m);
+                        row["tg_paired_shares"] = json!(paired);
+                    }
                 }
                 row
             })
@@ -223,7 +252,7 @@ pub fn run(a: Args) -> CliResult {
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
     let depth = profile::at_depth(a.depth);
-    for (t, k, pp, tg, _, _) in &rows {
+    for (t, k, pp, tg, ..) in &rows {
         for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
             if !v.is_empty() {
                 let (m, sd) = mean_sd(v);
@@ -234,7 +263,7 @@ pub fn run(a: Args) -> CliResult {
             }
         }
     }
-    for (t, _, _, tg, _, bw) in &rows {
+    for (t, _, _, tg, _, bw, paired) in &rows {
         if let Some(bw) = bw {
             let b = bound(*bw);
             print!(
@@ -244,7 +273,13 @@ pub fn run(a: Args) -> CliResult {
                 weight_bytes / 1e6
             );
             if !tg.is_empty() {
-                print!("; tg is {:.0}% of it", 100.0 * mean_sd(tg).0 / b);
+                print!("; tg is {:.1}% of it", 100.0 * mean_sd(tg).0 / b);
+            }
+            if let Some(m) = median(paired) {
+                print!(
+                    " (each run against the probes just before and after it: median {:.1}%)",
+                    100.0 * m
+                );
             }
             println!();
         }
