@@ -3,7 +3,8 @@
 #   1. installs what the tests need (apt: arm64 cross toolchain, qemu-user, mosquitto),
 #   2. fetches the test model into the cache (~/.cache/edgellm, outside the repo),
 #   3. runs every test natively (x86_64), the real-model tests included,
-#   4. runs the kernel and engine tests for aarch64 under qemu on three CPU models.
+#   4. checks that the workspace builds with the minimum Rust version (rustup installs it),
+#   5. runs the kernel and engine tests for aarch64 under qemu on three CPU models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,14 @@ EDGELLM_IDS_OUT="$ids_x86" EDGELLM_KV_OUT="$kv_x86" cargo test --workspace
 
 step "benches compile"
 cargo bench --workspace --no-run --quiet
+
+# Cargo.toml declares rust-version = "1.88" for Yocto's own Rust (wrynose ships >= 1.90): the
+# code and every crate Cargo.lock pins must build with it, not only with the newest rustc.
+step "minimum Rust version: the workspace checks with 1.88 and the committed Cargo.lock"
+msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1 || rustup toolchain install "$msrv" --profile minimal
+CARGO_TARGET_DIR="$PWD/target/msrv" cargo "+$msrv" check --locked --workspace --all-targets --quiet
+echo "rust $msrv: the workspace checks (locked)"
 
 step "aarch64 tests under qemu (cortex-a53, cortex-a76, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
