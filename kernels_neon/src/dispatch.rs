@@ -277,12 +277,13 @@ pub struct Kernels {
     pub dot_f16: fn(&[f16], &[f32]) -> f32,
     pub axpy_f16: fn(&mut [f32], f32, &[f16]),
     /// `(k, stride, q, heads, scale, out)`: the attention scores of `heads` query heads that
-    /// share one KV head, `out[h·n + j] = dot_f16(k[j·stride..][..hd], q[h·hd..][..hd]) ·
-    /// scale` (`hd = q.len() / heads`, `n = out.len() / heads`): one call per group.
+    /// share one KV head, `out[h·n + j] = (k[j·stride..][..hd] · q[h·hd..][..hd]) · scale`
+    /// (`hd = q.len() / heads`, `n = out.len() / heads`): one call per group. Each path sums
+    /// in its own order, the same for a head and row however many heads and rows the call has.
     pub scores_f16: ScoresFn,
     /// `(v, stride, p, heads, out)`: `out[h·hd..][..hd] += p[h·n + j] · v[j·stride..][..hd]`
-    /// for `j` in order, each step rounded as `axpy_f16` (so each head's bits equal one
-    /// `axpy_f16` per row).
+    /// for `j` in order, each step rounded as the path's `axpy_f16` (fused on x86 and ARM), so
+    /// each head's bits equal one `axpy_f16` per row.
     pub mix_f16: MixFn,
     pub f16_to_f32_row: fn(&[f16], &mut [f32]),
     pub f32_to_f16_row: fn(&[f32], &mut [f16]),

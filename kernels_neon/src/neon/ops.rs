@@ -1,9 +1,10 @@
 //! f32 operations of the forward pass and the f16 KV-cache helpers, on base NEON.
 //!
-//! Where the reference's arithmetic is elementwise (`add`, `scale`, `axpy_*`, the rotations,
+//! Where the reference's arithmetic is elementwise (`add`, `scale`, `axpy_f32`, the rotations,
 //! the final products of `rms_norm`/`softmax`), the same operations are done in the same order
-//! (no fusing), so the results are bit-identical. Sums use several accumulators; `exp` is a
-//! vectorised Cephes-style polynomial (about 1 ulp), well inside the stated tolerance.
+//! (no fusing), so the results are bit-identical. `axpy_f16`, the step of attention's mix, is
+//! fused (as on x86: one instruction, a shorter chain). Sums use several accumulators; `exp` is
+//! a vectorised Cephes-style polynomial (about 1 ulp), well inside the stated tolerance.
 
 use super::fp16::{f2h, f2h_x8, h2f, h2f_hi, h2f_lo, load_h8, store_h8};
 use crate::attn;
@@ -347,7 +348,7 @@ pub(crate) fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
     sum
 }
 
-/// `y += s * x` with `x` in f16.
+/// `y += s * x` with `x` in f16, fused (one rounding per element, as the x86 paths).
 pub(crate) fn axpy_f16(y: &mut [f32], s: f32, x: &[f16]) {
     assert_eq!(x.len(), y.len(), "axpy_f16: length mismatch");
     let (yc, yt) = y.as_chunks_mut::<8>();
@@ -358,12 +359,12 @@ pub(crate) fn axpy_f16(y: &mut [f32], s: f32, x: &[f16]) {
         // SAFETY: NEON register intrinsics (NEON is part of the aarch64 baseline).
         unsafe {
             let (y0, y1) = (ld(&o[0]), ld(&o[1]));
-            st(&mut o[0], vaddq_f32(y0, vmulq_n_f32(h2f_lo(h), s)));
-            st(&mut o[1], vaddq_f32(y1, vmulq_n_f32(h2f_hi(h), s)));
+            st(&mut o[0], vfmaq_n_f32(y0, h2f_lo(h), s));
+            st(&mut o[1], vfmaq_n_f32(y1, h2f_hi(h), s));
         }
     }
     for (o, &h) in yt.iter_mut().zip(xt) {
-        *o += s * h2f(h);
+        *o = s.mul_add(h2f(h), *o);
     }
 }
 
@@ -423,8 +424,8 @@ fn scores_tile<const G: usize>(k: &[f16], stride: usize, q: &[f32], scale: f32, 
 }
 
 /// Per head, the output held in registers across all rows, `8·C` columns a pass: per row and
-/// column `out + p·v` rounded as `axpy_f16` (a store and reload of f32 is exact), so each
-/// head's bits are those of one `axpy_f16` per row.
+/// column `fma(p, v, out)` as `axpy_f16` (a store and reload of f32 is exact), so each head's
+/// bits are those of one `axpy_f16` per row.
 pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
     attn::mix_groups((v, stride), p, heads, out, HEAD_TILE, |g, p, out| match g {
         4 => mix_heads::<4, 2>(v, stride, p, out),
@@ -438,7 +439,7 @@ pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &m
 #[inline(always)]
 fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
     let (hd, n) = (out.len() / G, p.len() / G);
-    attn::mix_blocks(v, stride, p, G, out, 8 * C, |rows, c0, cols, out| {
+    attn::mix_blocks(v, stride, p, G, out, 8 * C, true, |rows, c0, cols, out| {
         if cols == 8 * C {
             mix_tile::<G, C>(v, stride, p, n, rows, c0, hd, out)
         } else {
@@ -479,8 +480,8 @@ fn mix_tile<const G: usize, const C: usize>(
                 let x = load_h8(x);
                 let (lo, hi) = (h2f_lo(x), h2f_hi(x));
                 for (a, ph) in acc.iter_mut().zip(&ps) {
-                    a[c][0] = vaddq_f32(a[c][0], vmulq_n_f32(lo, ph[i]));
-                    a[c][1] = vaddq_f32(a[c][1], vmulq_n_f32(hi, ph[i]));
+                    a[c][0] = vfmaq_n_f32(a[c][0], lo, ph[i]);
+                    a[c][1] = vfmaq_n_f32(a[c][1], hi, ph[i]);
                 }
             }
         }

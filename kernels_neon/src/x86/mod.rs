@@ -17,8 +17,23 @@
 //! - `packed`: products over weights interleaved 8 rows at a time (`avx512vnni` only).
 //! - `ops`: the f32 operations (Cephes `exp` polynomial in softmax/silu), f16 conversions
 //!   through F16C.
+//! - `attention`: scores and weighted sums over the f16 KV cache for a group of query heads.
 //! - `simd`: loads/stores from references, reductions, `exp`.
 
+/// Safe entry points over `#[target_feature]` bodies: see the safety model above.
+macro_rules! avx2_entry {
+    ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+        $(#[$m])*
+        pub(crate) fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
+            // `is_x86_feature_detected!` confirmed avx2, fma and f16c. Lengths are checked in
+            // the body before any access.
+            unsafe { $body($($arg),*) }
+        }
+    };
+}
+
+mod attention;
 mod dot;
 mod matmul;
 mod ops;
@@ -56,8 +71,8 @@ pub(crate) const AVX2: Kernels = Kernels {
     axpy_f32: ops::axpy_f32,
     dot_f16: ops::dot_f16,
     axpy_f16: ops::axpy_f16,
-    scores_f16: ops::scores_f16,
-    mix_f16: ops::mix_f16,
+    scores_f16: attention::scores_f16,
+    mix_f16: attention::mix_f16,
     f16_to_f32_row: ops::f16_to_f32_row,
     f32_to_f16_row: ops::f32_to_f16_row,
 };

@@ -1,28 +1,16 @@
 //! f32 operations of the forward pass (AVX2 + FMA + F16C).
 //!
-//! Element-wise ops (`add`, `scale`, `axpy_*`, `rms_norm`'s output, the conversions) round
-//! exactly like the references; reductions differ only in summation order (sums that ggml
-//! keeps in f64 are kept in f64 here too); `exp` is the polynomial of [`exp_ps`].
+//! Element-wise ops (`add`, `scale`, `axpy_f32`, `rms_norm`'s output, the conversions) round
+//! exactly like the references; `axpy_f16` (the step of attention's mix) is fused, one
+//! rounding where the reference has two; reductions differ only in summation order (sums that
+//! ggml keeps in f64 are kept in f64 here too); `exp` is the polynomial of [`exp_ps`].
 
 use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
-use crate::attn;
 use crate::block::f16;
 use crate::reference::check_rope;
 use std::arch::x86_64::*;
-
-macro_rules! avx2_entry {
-    ($(#[$m:meta])* $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
-        $(#[$m])*
-        pub(crate) fn $name($($arg: $ty),*) $(-> $ret)? {
-            // SAFETY: only reachable through the AVX2 table, which `dispatch` hands out after
-            // `is_x86_feature_detected!` confirmed avx2, fma and f16c. Lengths are checked in
-            // the body before any access.
-            unsafe { $body($($arg),*) }
-        }
-    };
-}
 
 avx2_entry!(
     /// `out = x / sqrt(mean(x²) + eps) * w`, sum of squares in f64.
@@ -67,14 +55,6 @@ avx2_entry!(
 avx2_entry!(
     /// `y += s * x`, `x` in f16.
     axpy_f16(y: &mut [f32], s: f32, x: &[f16]) => axpy_f16_body
-);
-avx2_entry!(
-    /// The attention scores of a group of query heads over strided f16 key rows.
-    scores_f16(k: &[f16], stride: usize, q: &[f32], heads: usize, scale: f32, out: &mut [f32]) => scores_f16_body
-);
-avx2_entry!(
-    /// A group of query heads' weighted sums of strided f16 value rows.
-    mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) => mix_f16_body
 );
 avx2_entry!(
     /// f16 → f32 (exact).
@@ -322,13 +302,23 @@ fn axpy_f32_body(y: &mut [f32], s: f32, x: &[f32]) {
     }
 }
 
+/// As [`dot_f32_body`]: four 8-lane accumulators over the 8-element chunks (chunk `c` into
+/// `acc[c % 4]`), summed `(0 + 1) + (2 + 3)`, then the tail in order.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f16_body(a: &[f16], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
-    let mut s = [0.0];
-    // One row; the scale 1.0 leaves the sum's bits unchanged.
-    scores_f16_body(a, a.len(), b, 1, 1.0, &mut s);
-    s[0]
+    let (ac, at) = a.as_chunks::<8>();
+    let (bc, bt) = b.as_chunks::<8>();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (k, (x, y)) in ac.iter().zip(bc).enumerate() {
+        acc[k % 4] = _mm256_fmadd_ps(load_ph(x), load_ps(y), acc[k % 4]);
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut sum = hsum_ps(v);
+    for (&x, &y) in at.iter().zip(bt) {
+        sum += x.to_f32() * y;
+    }
+    sum
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -337,138 +327,13 @@ fn axpy_f16_body(y: &mut [f32], s: f32, x: &[f16]) {
     let sv = _mm256_set1_ps(s);
     let (yc, yt) = y.as_chunks_mut::<8>();
     let (xc, xt) = x.as_chunks::<8>();
+    // Fused (one rounding per element): a multiply then an add is two instructions on the
+    // same ports and a longer chain, and the mix of attention is this loop.
     for (o, v) in yc.iter_mut().zip(xc) {
-        store_ps(o, _mm256_add_ps(load_ps(o), _mm256_mul_ps(sv, load_ph(v))));
+        store_ps(o, _mm256_fmadd_ps(sv, load_ph(v), load_ps(o)));
     }
     for (o, &v) in yt.iter_mut().zip(xt) {
-        *o += s * v.to_f32();
-    }
-}
-
-/// Query heads whose accumulators share the registers over one pass of the rows (the heads of
-/// a group share each row's f16 → f32 conversion and its trip from memory); more heads take
-/// further passes.
-const HEAD_TILE: usize = 3;
-
-/// Per head and row, four 8-lane accumulators over the 8-element chunks (chunk `c` into
-/// `acc[c % 4]`), summed `(0 + 1) + (2 + 3)`, then the tail in order: `dot_f16`'s sequence.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scores_f16_body(k: &[f16], stride: usize, q: &[f32], heads: usize, scale: f32, out: &mut [f32]) {
-    attn::scores_groups((k, stride), q, heads, out, HEAD_TILE, |g, q, out| match g {
-        3 => scores_tile::<3>(k, stride, q, scale, out),
-        2 => scores_tile::<2>(k, stride, q, scale, out),
-        _ => scores_tile::<1>(k, stride, q, scale, out),
-    });
-}
-
-/// [`scores_f16_body`] for `G` heads at once: each row's chunk is converted once for all.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn scores_tile<const G: usize>(k: &[f16], stride: usize, q: &[f32], scale: f32, out: &mut [f32]) {
-    let (hd, n) = (q.len() / G, out.len() / G);
-    let qh: [&[f32]; G] = std::array::from_fn(|h| &q[h * hd..(h + 1) * hd]);
-    // Each head's query as groups of 4 chunks of 8, the chunks left, and the tail.
-    type Split<'a> = (&'a [[[f32; 8]; 4]], &'a [[f32; 8]], &'a [f32]);
-    let split: [Split<'_>; G] = std::array::from_fn(|h| {
-        let (c, t) = qh[h].as_chunks::<8>();
-        let (c4, c1) = c.as_chunks::<4>();
-        (c4, c1, t)
-    });
-    for j in 0..n {
-        let row = &k[j * stride..j * stride + hd];
-        let (rc, rt) = row.as_chunks::<8>();
-        let (r4, r1) = rc.as_chunks::<4>();
-        let mut acc = [[_mm256_setzero_ps(); 4]; G];
-        for (i, x) in r4.iter().enumerate() {
-            for c in 0..4 {
-                let kv = load_ph(&x[c]);
-                for h in 0..G {
-                    acc[h][c] = _mm256_fmadd_ps(kv, load_ps(&split[h].0[i][c]), acc[h][c]);
-                }
-            }
-        }
-        for (c, x) in r1.iter().enumerate() {
-            let kv = load_ph(x);
-            for h in 0..G {
-                acc[h][c] = _mm256_fmadd_ps(kv, load_ps(&split[h].1[c]), acc[h][c]);
-            }
-        }
-        for h in 0..G {
-            let a = &acc[h];
-            let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-            let mut sum = hsum_ps(v);
-            for (&x, &y) in rt.iter().zip(split[h].2) {
-                sum += x.to_f32() * y;
-            }
-            out[h * n + j] = sum * scale;
-        }
-    }
-}
-
-/// Per head, the output held in registers across all rows, `8·C` columns a pass (`G·C ≤ 8`
-/// accumulators): per row and column `out + p·v` rounded as `axpy_f16_body` (a store and
-/// reload of f32 is exact), so each head's bits are those of one `axpy_f16` per row.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    attn::mix_groups((v, stride), p, heads, out, HEAD_TILE, |g, p, out| match g {
-        3 => mix_heads::<3, 2>(v, stride, p, out),
-        2 => mix_heads::<2, 4>(v, stride, p, out),
-        _ => mix_heads::<1, 8>(v, stride, p, out),
-    });
-}
-
-/// [`mix_f16_body`] for `G` heads, on tiles of `8·C` columns then of 8 ([`attn::mix_blocks`]).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
-    let (hd, n) = (out.len() / G, p.len() / G);
-    attn::mix_blocks(v, stride, p, G, out, 8 * C, |rows, c0, cols, out| {
-        if cols == 8 * C {
-            mix_tile::<G, C>(v, stride, p, n, rows, c0, hd, out)
-        } else {
-            mix_tile::<G, 1>(v, stride, p, n, rows, c0, hd, out)
-        }
-    });
-}
-
-/// Columns `c0..c0 + 8·C` of `G` heads' outputs over `rows`, accumulated in `G·C` registers.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn mix_tile<const G: usize, const C: usize>(
-    v: &[f16],
-    stride: usize,
-    p: &[f32],
-    n: usize,
-    rows: std::ops::Range<usize>,
-    c0: usize,
-    hd: usize,
-    out: &mut [f32],
-) {
-    let mut acc = [[_mm256_setzero_ps(); C]; G];
-    for (h, a) in acc.iter_mut().enumerate() {
-        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks::<8>();
-        for (a, o) in a.iter_mut().zip(o) {
-            *a = load_ps(o);
-        }
-    }
-    let ps: [&[f32]; G] = std::array::from_fn(|h| &p[h * n + rows.start..h * n + rows.end]);
-    for (i, j) in rows.enumerate() {
-        let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
-        let (rc, _) = row.as_chunks::<8>();
-        let s: [__m256; G] = std::array::from_fn(|h| _mm256_set1_ps(ps[h][i]));
-        for (c, x) in rc.iter().enumerate() {
-            let kv = load_ph(x);
-            for (a, s) in acc.iter_mut().zip(&s) {
-                a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(*s, kv));
-            }
-        }
-    }
-    for (h, a) in acc.iter().enumerate() {
-        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks_mut::<8>();
-        for (a, o) in a.iter().zip(o) {
-            store_ps(o, *a);
-        }
+        *o = s.mul_add(v.to_f32(), *o);
     }
 }
 
