@@ -425,7 +425,43 @@ fn check_kernels(k: &Kernels) {
 /// panics.
 type AxpyFn = fn(&mut [f32], f32, &[f16]);
 
+/// The SIMD paths of both architectures, whose attention must give the same bits as each other
+/// (so that greedy decoding agrees between an x86 host and an ARM device): their scores follow
+/// [`score_in_lane_order`], their mix [`mix_step_fused`].
+fn same_attention_on_x86_and_arm(p: Path) -> bool {
+    matches!(
+        p,
+        Path::Avx2 | Path::Avx512Vnni | Path::Neon | Path::Dotprod | Path::I8mm
+    )
+}
+
+/// A score as x86 and ARM compute it: eight lanes, each a chain of fused multiply-adds over the
+/// 8-element chunks; the lanes summed `((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7))`; the tail
+/// fused in order; then the scale.
+fn score_in_lane_order(row: &[f16], q: &[f32], scale: f32) -> f32 {
+    let whole = row.len() / 8 * 8;
+    let mut l = [0.0f32; 8];
+    for c in (0..whole).step_by(8) {
+        for (i, l) in l.iter_mut().enumerate() {
+            *l = row[c + i].to_f32().mul_add(q[c + i], *l);
+        }
+    }
+    let mut sum = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+    for i in whole..row.len() {
+        sum = row[i].to_f32().mul_add(q[i], sum);
+    }
+    sum * scale
+}
+
+/// One step of a mix as x86 and ARM compute it: `out + p·v`, fused.
+fn mix_step_fused(out: &mut [f32], p: f32, v: &[f16]) {
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = p.mul_add(x.to_f32(), *o);
+    }
+}
+
 fn check_attention_rows(p: Path, (scores_f16, mix_f16): (ScoresFn, MixFn), axpy_f16: AxpyFn) {
+    let across = same_attention_on_x86_and_arm(p);
     for width in [1, 7, 8, 9, 31, 64, 65, 72, 130] {
         for gap in [0, 5] {
             let stride = width + gap;
@@ -453,6 +489,14 @@ fn check_attention_rows(p: Path, (scores_f16, mix_f16): (ScoresFn, MixFn), axpy_
                             let mut own = [0.0f32];
                             scores_f16(row(j), width, qh, 1, 0.125, &mut own);
                             assert_eq!(g.to_bits(), own[0].to_bits(), "{what}: scores[{h}][{j}]");
+                            if across {
+                                let lanes = score_in_lane_order(row(j), qh, 0.125);
+                                assert_eq!(
+                                    g.to_bits(),
+                                    lanes.to_bits(),
+                                    "{what}: scores[{h}][{j}] not in the x86/ARM order"
+                                );
+                            }
                             let abs: f32 = row(j)
                                 .iter()
                                 .zip(qh)
@@ -471,6 +515,22 @@ fn check_attention_rows(p: Path, (scores_f16, mix_f16): (ScoresFn, MixFn), axpy_
                     for h in 0..heads {
                         for j in 0..n {
                             axpy_f16(&mut own[h * width..(h + 1) * width], pr[h * n + j], row(j));
+                        }
+                    }
+                    if across {
+                        let mut fused = init.clone();
+                        for h in 0..heads {
+                            for j in 0..n {
+                                let o = &mut fused[h * width..(h + 1) * width];
+                                mix_step_fused(o, pr[h * n + j], row(j));
+                            }
+                        }
+                        for c in 0..heads * width {
+                            assert_eq!(
+                                got[c].to_bits(),
+                                fused[c].to_bits(),
+                                "{what}: mix[{c}] not the x86/ARM fused steps"
+                            );
                         }
                     }
                     let mut want = init.clone();

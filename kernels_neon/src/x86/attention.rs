@@ -22,8 +22,9 @@ avx2_entry!(
 const HEAD_TILE: usize = 2;
 
 /// Per head and row: one 8-lane chain of fused multiply-adds over the 8-element chunks, the
-/// lanes summed `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))`, the tail added in order, then the
-/// scale. The same bits for a row whatever the group's size or the row's place in the tiles.
+/// lanes summed `((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7))`, the tail fused in order, then the
+/// scale: the NEON path's sequence, so the scores are the same bits on x86 and ARM. The same
+/// bits for a row, too, whatever the group's size or the row's place in the tiles.
 ///
 /// Each row is its own chain, so a tile takes several rows at once: 2 heads × 4 rows, or 1
 /// head × 8 rows, is 8 independent chains, what keeps both FMA ports busy (3 × 4 spilled an
@@ -107,7 +108,7 @@ fn score_rows<const G: usize, const R: usize>(
                 for ((o, row), sum) in o.iter_mut().zip(&rows[r0..]).zip(l) {
                     let mut sum = sum;
                     for (&x, &y) in row.1.iter().zip(q.1) {
-                        sum += x.to_f32() * y;
+                        sum = x.to_f32().mul_add(y, sum);
                     }
                     *o = sum * scale;
                 }
@@ -127,25 +128,30 @@ fn store_lanes(o: &mut [f32], v: __m128) {
     o.copy_from_slice(&l[..n]);
 }
 
-/// Each vector's 8 lanes summed `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))` into lane `r` of
-/// the result, by `hadd`s that transpose as they add (`a` holds 1, 2 or 4 vectors; the same
-/// adds for each, so the same bits).
+/// Each vector's 8 lanes summed `((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7))` into lane `r` of
+/// the result: the two halves added, then `hadd`s that transpose as they add (`a` holds 1, 2
+/// or 4 vectors; the same adds for each, so the same bits). It is the NEON path's order (its
+/// two 4-lane halves added, then `faddp` twice), so that attention's scores have the same
+/// bits on both architectures.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn lane_sums(a: &[__m256]) -> __m128 {
-    let t = match *a {
-        [a0, a1, a2, a3] => _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)),
+    let half = |v: __m256| _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    match *a {
+        [a0, a1, a2, a3] => _mm_hadd_ps(
+            _mm_hadd_ps(half(a0), half(a1)),
+            _mm_hadd_ps(half(a2), half(a3)),
+        ),
         [a0, a1] => {
-            let t = _mm256_hadd_ps(a0, a1);
-            _mm256_hadd_ps(t, t)
+            let t = _mm_hadd_ps(half(a0), half(a1));
+            _mm_hadd_ps(t, t)
         }
         [a0] => {
-            let t = _mm256_hadd_ps(a0, a0);
-            _mm256_hadd_ps(t, t)
+            let t = _mm_hadd_ps(half(a0), half(a0));
+            _mm_hadd_ps(t, t)
         }
         _ => unreachable!("lane_sums takes 1, 2 or 4 vectors"),
-    };
-    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+    }
 }
 
 /// Per head, the output held in registers across all rows, 64 columns a pass (8
