@@ -278,8 +278,10 @@ pub struct Kernels {
     pub axpy_f16: fn(&mut [f32], f32, &[f16]),
     /// `(k, stride, q, heads, scale, out)`: the attention scores of `heads` query heads that
     /// share one KV head, `out[h·n + j] = (k[j·stride..][..hd] · q[h·hd..][..hd]) · scale`
-    /// (`hd = q.len() / heads`, `n = out.len() / heads`): one call per group. Each path sums
-    /// in its own order, the same for a head and row however many heads and rows the call has.
+    /// (`hd = q.len() / heads`, `n = out.len() / heads`): one call per group. The same bits
+    /// for a head and row however many heads and rows the call has; the x86 and ARM paths
+    /// share one order (eight lanes of FMA chains, summed `((0+4)+(1+5))+((2+6)+(3+7))`, the
+    /// tail fused, then the scale), so the scores agree across architectures.
     pub scores_f16: ScoresFn,
     /// `(v, stride, p, heads, out)`: `out[h·hd..][..hd] += p[h·n + j] · v[j·stride..][..hd]`
     /// for `j` in order, each step rounded as the path's `axpy_f16` (fused on x86 and ARM), so
