@@ -67,11 +67,9 @@ pub(crate) fn mix_groups(
 
 /// A mix of `g` heads' outputs (`out`: `g × hd`) over the `n = p.len() / g` rows of `v`:
 /// blocks of [`MIX_ROWS`] rows, each through `tile(rows, c0, cols, out)` on tiles of `wide`
-/// columns, then of 8, then the columns left over here in scalar code (`out + p·v`, rounded as
-/// the path's `axpy_f16`: once if `fused`, else after the product and after the sum). Every
-/// output element sums its rows in order.
+/// columns, then of 8, then the columns left over here in scalar code (`out + p·v` fused, as
+/// the SIMD paths' `axpy_f16`). Every output element sums its rows in order.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn mix_blocks(
     v: &[f16],
     stride: usize,
@@ -79,7 +77,6 @@ pub(crate) fn mix_blocks(
     g: usize,
     out: &mut [f32],
     wide: usize,
-    fused: bool,
     mut tile: impl FnMut(Range<usize>, usize, usize, &mut [f32]),
 ) {
     let (hd, n) = (out.len() / g, p.len() / g);
@@ -100,12 +97,8 @@ pub(crate) fn mix_blocks(
             for j in rows.clone() {
                 let pj = p[h * n + j];
                 for c in c0..hd {
-                    let (o, x) = (&mut out[h * hd + c], v[j * stride + c].to_f32());
-                    *o = if fused {
-                        pj.mul_add(x, *o)
-                    } else {
-                        *o + pj * x
-                    };
+                    let o = &mut out[h * hd + c];
+                    *o = pj.mul_add(v[j * stride + c].to_f32(), *o);
                 }
             }
         }

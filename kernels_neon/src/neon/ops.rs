@@ -439,7 +439,7 @@ pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &m
 #[inline(always)]
 fn mix_heads<const G: usize, const C: usize>(v: &[f16], stride: usize, p: &[f32], out: &mut [f32]) {
     let (hd, n) = (out.len() / G, p.len() / G);
-    attn::mix_blocks(v, stride, p, G, out, 8 * C, true, |rows, c0, cols, out| {
+    attn::mix_blocks(v, stride, p, G, out, 8 * C, |rows, c0, cols, out| {
         if cols == 8 * C {
             mix_tile::<G, C>(v, stride, p, n, rows, c0, hd, out)
         } else {

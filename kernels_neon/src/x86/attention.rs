@@ -164,7 +164,7 @@ fn lane_sums(a: &[__m256]) -> __m128 {
 fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
     attn::mix_groups((v, stride), p, heads, out, 1, |_, p, out| {
         let (hd, n) = (out.len(), p.len());
-        attn::mix_blocks(v, stride, p, 1, out, 64, true, |rows, c0, cols, out| {
+        attn::mix_blocks(v, stride, p, 1, out, 64, |rows, c0, cols, out| {
             if cols == 64 {
                 mix_tile::<1, 8>(v, stride, p, n, rows, c0, hd, out)
             } else {
