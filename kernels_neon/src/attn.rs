@@ -19,23 +19,14 @@ pub(crate) fn scores_groups(
     heads: usize,
     out: &mut [f32],
     most: usize,
-    mut tile: impl FnMut(usize, &[f32], &mut [f32]),
+    tile: impl FnMut(usize, &[f32], &mut [f32]),
 ) {
     let (hd, n) = check_group("scores_f16", k.len(), stride, heads, q.len(), out.len());
     if hd == 0 || n == 0 {
         out.fill(0.0);
         return;
     }
-    let mut h0 = 0;
-    while h0 < heads {
-        let g = most.min(heads - h0);
-        tile(
-            g,
-            &q[h0 * hd..(h0 + g) * hd],
-            &mut out[h0 * n..(h0 + g) * n],
-        );
-        h0 += g;
-    }
+    head_tiles(heads, most, (q, hd), (out, n), tile);
 }
 
 /// `mix_f16` of any path: the shapes checked, then `tile(g, p, out)` for consecutive tiles of
@@ -47,19 +38,32 @@ pub(crate) fn mix_groups(
     heads: usize,
     out: &mut [f32],
     most: usize,
-    mut tile: impl FnMut(usize, &[f32], &mut [f32]),
+    tile: impl FnMut(usize, &[f32], &mut [f32]),
 ) {
     let (hd, n) = check_group("mix_f16", v.len(), stride, heads, out.len(), p.len());
     if hd == 0 || n == 0 {
         return;
     }
+    head_tiles(heads, most, (p, n), (out, hd), tile);
+}
+
+/// `tile(g, input, output)` for consecutive tiles of at most `most` of `heads` heads, each
+/// head owning `a_w` values of `a` and `b_w` of `b`.
+#[inline(always)]
+fn head_tiles(
+    heads: usize,
+    most: usize,
+    (a, a_w): (&[f32], usize),
+    (b, b_w): (&mut [f32], usize),
+    mut tile: impl FnMut(usize, &[f32], &mut [f32]),
+) {
     let mut h0 = 0;
     while h0 < heads {
         let g = most.min(heads - h0);
         tile(
             g,
-            &p[h0 * n..(h0 + g) * n],
-            &mut out[h0 * hd..(h0 + g) * hd],
+            &a[h0 * a_w..(h0 + g) * a_w],
+            &mut b[h0 * b_w..(h0 + g) * b_w],
         );
         h0 += g;
     }
