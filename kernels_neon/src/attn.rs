@@ -1,6 +1,7 @@
 //! The loops that every path's attention kernels (`scores_f16`, `mix_f16`) share: how a group
 //! of query heads is cut into register tiles, and how a mix walks rows and columns. Each path
-//! supplies its tiles.
+//! supplies its tiles; the paths without tiles (reference, portable) go row by row through
+//! their own `dot`/`axpy` here.
 
 use crate::block::f16;
 use crate::reference::check_group;
@@ -67,6 +68,42 @@ fn head_tiles(
         );
         h0 += g;
     }
+}
+
+/// `scores_f16` one head and row at a time through a path's own `dot` (`row · q_h`): the
+/// paths without register tiles (reference, portable).
+#[inline(always)]
+pub(crate) fn scores_by_rows(
+    (k, stride): (&[f16], usize),
+    q: &[f32],
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    dot: impl Fn(&[f16], &[f32]) -> f32,
+) {
+    scores_groups((k, stride), q, heads, out, 1, |_, qh, oh| {
+        for (j, o) in oh.iter_mut().enumerate() {
+            *o = dot(&k[j * stride..j * stride + qh.len()], qh) * scale;
+        }
+    });
+}
+
+/// `mix_f16` one head and row at a time through a path's own `axpy` (`out_h += p · row`), in
+/// row order: the paths without register tiles (reference, portable).
+#[inline(always)]
+pub(crate) fn mix_by_rows(
+    (v, stride): (&[f16], usize),
+    p: &[f32],
+    heads: usize,
+    out: &mut [f32],
+    axpy: impl Fn(&mut [f32], f32, &[f16]),
+) {
+    mix_groups((v, stride), p, heads, out, 1, |_, ph, oh| {
+        let hd = oh.len();
+        for (j, &pj) in ph.iter().enumerate() {
+            axpy(oh, pj, &v[j * stride..j * stride + hd]);
+        }
+    });
 }
 
 /// A mix of `g` heads' outputs (`out`: `g × hd`) over the `n = p.len() / g` rows of `v`:

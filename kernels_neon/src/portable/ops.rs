@@ -244,20 +244,15 @@ pub(crate) fn scores_f16(
     scale: f32,
     out: &mut [f32],
 ) {
-    crate::attn::scores_groups((k, stride), q, heads, out, 1, |_, qh, oh| {
-        for (j, o) in oh.iter_mut().enumerate() {
-            *o = dot_with(&k[j * stride..j * stride + qh.len()], qh, ld_h) * scale;
-        }
+    crate::attn::scores_by_rows((k, stride), q, heads, scale, out, |r, qh| {
+        dot_with(r, qh, ld_h)
     });
 }
 
 /// A group's weighted sums of strided value rows: `axpy_f16` per head and row, inlined.
 pub(crate) fn mix_f16(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    crate::attn::mix_groups((v, stride), p, heads, out, 1, |_, ph, oh| {
-        let hd = oh.len();
-        for (j, &pj) in ph.iter().enumerate() {
-            axpy_with(oh, pj, &v[j * stride..j * stride + hd], ld_h);
-        }
+    crate::attn::mix_by_rows((v, stride), p, heads, out, |o, pj, r| {
+        axpy_with(o, pj, r, ld_h)
     });
 }
 

@@ -181,25 +181,16 @@ pub fn scores_f16_ref(
     scale: f32,
     out: &mut [f32],
 ) {
-    // One head at a time, through the shape checks every path shares.
-    crate::attn::scores_groups((k, stride), q, heads, out, 1, |_, qh, oh| {
-        for (j, o) in oh.iter_mut().enumerate() {
-            *o = dot_f16_ref(&k[j * stride..j * stride + qh.len()], qh) * scale;
-        }
-    });
+    // One head and row at a time, through the shape checks every path shares.
+    crate::attn::scores_by_rows((k, stride), q, heads, scale, out, dot_f16_ref);
 }
 
 /// The weighted sums of cached values for `heads` query heads sharing one KV head:
 /// `out_h += p[h·n + j] · row j` for `j` in order, each step rounded as [`axpy_f16_ref`];
 /// `out_h = out[h·hd..][..hd]`, row `j` of `v` at `v[j·stride..][..hd]`.
 pub fn mix_f16_ref(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
-    // One head at a time, through the shape checks every path shares.
-    crate::attn::mix_groups((v, stride), p, heads, out, 1, |_, ph, oh| {
-        let hd = oh.len();
-        for (j, &pj) in ph.iter().enumerate() {
-            axpy_f16_ref(oh, pj, &v[j * stride..j * stride + hd]);
-        }
-    });
+    // One head and row at a time, through the shape checks every path shares.
+    crate::attn::mix_by_rows((v, stride), p, heads, out, axpy_f16_ref);
 }
 
 #[cfg(test)]
