@@ -163,54 +163,37 @@ fn lane_sums(a: &[__m256]) -> __m128 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn mix_f16_body(v: &[f16], stride: usize, p: &[f32], heads: usize, out: &mut [f32]) {
     attn::mix_groups((v, stride), p, heads, out, 1, |_, p, out| {
-        let (hd, n) = (out.len(), p.len());
         attn::mix_blocks(v, stride, p, 1, out, 64, |rows, c0, cols, out| {
             if cols == 64 {
-                mix_tile::<1, 8>(v, stride, p, n, rows, c0, hd, out)
+                mix_tile::<8>(v, stride, p, rows, c0, out)
             } else {
-                mix_tile::<1, 1>(v, stride, p, n, rows, c0, hd, out)
+                mix_tile::<1>(v, stride, p, rows, c0, out)
             }
         })
     });
 }
 
-/// Columns `c0..c0 + 8·C` of `G` heads' outputs over `rows`, accumulated in `G·C` registers.
+/// Columns `c0..c0 + 8·C` of one head's output over `rows`, accumulated in `C` registers.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-fn mix_tile<const G: usize, const C: usize>(
+fn mix_tile<const C: usize>(
     v: &[f16],
     stride: usize,
     p: &[f32],
-    n: usize,
     rows: std::ops::Range<usize>,
     c0: usize,
-    hd: usize,
     out: &mut [f32],
 ) {
-    let mut acc = [[_mm256_setzero_ps(); C]; G];
-    for (h, a) in acc.iter_mut().enumerate() {
-        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks::<8>();
-        for (a, o) in a.iter_mut().zip(o) {
-            *a = load_ps(o);
+    let (o, _) = out[c0..c0 + 8 * C].as_chunks_mut::<8>();
+    let mut acc: [__m256; C] = std::array::from_fn(|c| load_ps(&o[c]));
+    for j in rows {
+        let (rc, _) = v[j * stride + c0..j * stride + c0 + 8 * C].as_chunks::<8>();
+        let s = _mm256_set1_ps(p[j]);
+        for (a, x) in acc.iter_mut().zip(rc) {
+            *a = _mm256_fmadd_ps(s, load_ph(x), *a);
         }
     }
-    let ps: [&[f32]; G] = std::array::from_fn(|h| &p[h * n + rows.start..h * n + rows.end]);
-    for (i, j) in rows.enumerate() {
-        let row = &v[j * stride + c0..j * stride + c0 + 8 * C];
-        let (rc, _) = row.as_chunks::<8>();
-        let s: [__m256; G] = std::array::from_fn(|h| _mm256_set1_ps(ps[h][i]));
-        for (c, x) in rc.iter().enumerate() {
-            let kv = load_ph(x);
-            for (a, s) in acc.iter_mut().zip(&s) {
-                a[c] = _mm256_fmadd_ps(*s, kv, a[c]);
-            }
-        }
-    }
-    for (h, a) in acc.iter().enumerate() {
-        let (o, _) = out[h * hd + c0..h * hd + c0 + 8 * C].as_chunks_mut::<8>();
-        for (a, o) in a.iter().zip(o) {
-            store_ps(o, *a);
-        }
+    for (o, a) in o.iter_mut().zip(&acc) {
+        store_ps(o, *a);
     }
 }
