@@ -7,6 +7,7 @@ use super::pretokenize::split;
 use super::spm::{self, SpmVocab};
 use super::unicode::{decode_lenient, push_utf8};
 use super::vocab::attr;
+use std::ops::Range;
 
 /// A stretch of the input: plain text (a byte range) or a special token found in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,8 +20,15 @@ pub(crate) enum Fragment {
 /// leftmost non-overlapping occurrence inside a still-plain fragment becomes a token. The order
 /// matters (a longer token wins over a shorter one it overlaps, wherever they start), so this
 /// keeps llama.cpp's token-by-token sweep; each sweep is a SIMD substring search.
-/// Without `parse_special`, control and unknown tokens stay plain text.
-pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<Fragment> {
+/// Without `parse_special`, control and unknown tokens stay plain text; with it, they still stay
+/// plain text where an occurrence overlaps one of the `protected` byte ranges (text a user
+/// typed, inside a prompt whose template text may hold control tokens).
+pub(crate) fn partition(
+    t: &Tokenizer,
+    text: &[u8],
+    parse_special: bool,
+    protected: &[Range<usize>],
+) -> Vec<Fragment> {
     let mut frags = Vec::new();
     if text.is_empty() {
         return frags;
@@ -29,7 +37,8 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
     let mut next = Vec::new();
     for &id in &t.special {
         let a = t.attrs[id as usize];
-        if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
+        let control = a & (attr::CONTROL | attr::UNKNOWN) != 0;
+        if !parse_special && control {
             continue;
         }
         let needle = &t.texts[id as usize];
@@ -37,17 +46,29 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
         if finder.find(text).is_none() {
             continue; // most special tokens never occur: skip rebuilding the fragment list
         }
+        let allowed = |m: usize| {
+            !control
+                || !protected
+                    .iter()
+                    .any(|r| m < r.end && r.start < m + needle.len())
+        };
         next.clear();
         for &f in &frags {
             let Fragment::Text(mut start, end) = f else {
                 next.push(f);
                 continue;
             };
+            // Where the search goes on: past `start` when an occurrence was left as text.
+            let mut from = start;
             while start < end {
-                let Some(m) = finder.find(&text[start..end]).map(|m| start + m) else {
+                let Some(m) = finder.find(&text[from..end]).map(|m| from + m) else {
                     next.push(Fragment::Text(start, end));
                     break;
                 };
+                if !allowed(m) {
+                    from = m + 1;
+                    continue;
+                }
                 let mut left_end = m;
                 if a & attr::LSTRIP != 0 {
                     while left_end > start && text[left_end - 1].is_ascii_whitespace_c() {
@@ -64,6 +85,7 @@ pub(crate) fn partition(t: &Tokenizer, text: &[u8], parse_special: bool) -> Vec<
                         start += 1;
                     }
                 }
+                from = start;
             }
         }
         std::mem::swap(&mut frags, &mut next);

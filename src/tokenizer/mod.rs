@@ -42,7 +42,7 @@ mod vocab;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, Rendered};
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
 pub use vocab::{TokenType, Vocab, VocabKind};
@@ -158,7 +158,33 @@ impl Tokenizer {
         parse_special: bool,
         out: &mut Vec<u32>,
     ) {
-        let fragments = encode::partition(self, text, parse_special);
+        self.encode_fragments(text, add_special, parse_special, &[], out);
+    }
+
+    /// Tokenizes a prompt rendered from a template: control tokens in the template's own text
+    /// are recognised, but never inside the `protected` byte ranges (the messages' contents),
+    /// so a control token a user types stays text. With no control-token text inside the
+    /// ranges the ids are those of `encode(text, add_special, true)`.
+    pub fn encode_protected(
+        &self,
+        text: &str,
+        add_special: bool,
+        protected: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
+        let mut out = Vec::new();
+        self.encode_fragments(text.as_bytes(), add_special, true, protected, &mut out);
+        out
+    }
+
+    fn encode_fragments(
+        &self,
+        text: &[u8],
+        add_special: bool,
+        parse_special: bool,
+        protected: &[std::ops::Range<usize>],
+        out: &mut Vec<u32>,
+    ) {
+        let fragments = encode::partition(self, text, parse_special, protected);
         match self.kind {
             VocabKind::Bpe => self.encode_bpe(text, &fragments, add_special, out),
             VocabKind::Spm => self.encode_spm(text, &fragments, add_special, out),
