@@ -9,7 +9,7 @@ pub mod store;
 
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
 pub use profile::{Op, OpStat, Profile};
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingError, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
@@ -21,9 +21,7 @@ use std::sync::Arc;
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error(
-        "the prompt needs {needed} positions but the context holds {n_ctx} (raise --ctx, or shorten the prompt)"
-    )]
+    #[error("the prompt needs {needed} positions but the context holds {n_ctx}")]
     ContextFull { needed: usize, n_ctx: usize },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },

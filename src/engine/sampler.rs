@@ -39,37 +39,41 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling setting out of its range; the message names the field.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{field} must be {want}, got {got}")]
+pub struct SamplingError {
+    pub field: &'static str,
+    pub want: &'static str,
+    pub got: f32,
+}
+
 impl SamplingParams {
-    /// Checks ranges; the message names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = |v: f32, name: &str| {
-            if v.is_finite() {
-                Ok(())
-            } else {
-                Err(format!("{name} must be a finite number, got {v}"))
+    /// Checks ranges.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let fields = [
+            ("temperature", self.temperature, 0.0, f32::INFINITY, ">= 0"),
+            ("top_p", self.top_p, 0.0, 1.0, "in 0..=1"),
+            ("min_p", self.min_p, 0.0, 1.0, "in 0..=1"),
+            (
+                "repeat_penalty",
+                self.repeat_penalty,
+                f32::MIN_POSITIVE,
+                f32::INFINITY,
+                "> 0",
+            ),
+        ];
+        for (field, got, lo, hi, want) in fields {
+            if !got.is_finite() {
+                return Err(SamplingError {
+                    field,
+                    want: "a finite number",
+                    got,
+                });
             }
-        };
-        finite(self.temperature, "temperature")?;
-        finite(self.top_p, "top_p")?;
-        finite(self.min_p, "min_p")?;
-        finite(self.repeat_penalty, "repeat_penalty")?;
-        if !(0.0..=1.0).contains(&self.top_p) {
-            return Err(format!("top_p must be in 0..=1, got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in 0..=1, got {}", self.min_p));
-        }
-        if self.repeat_penalty <= 0.0 {
-            return Err(format!(
-                "repeat_penalty must be > 0, got {}",
-                self.repeat_penalty
-            ));
-        }
-        if self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            if !(lo..=hi).contains(&got) {
+                return Err(SamplingError { field, want, got });
+            }
         }
         Ok(())
     }
@@ -360,11 +364,28 @@ mod tests {
             top_p: 1.5,
             ..Default::default()
         };
-        assert!(p.validate().unwrap_err().contains("top_p"));
+        assert_eq!(p.validate().unwrap_err().field, "top_p");
         let p = SamplingParams {
             temperature: f32::NAN,
             ..Default::default()
         };
-        assert!(p.validate().unwrap_err().contains("temperature"));
+        let e = p.validate().unwrap_err();
+        assert_eq!((e.field, e.want), ("temperature", "a finite number"));
+        for (temperature, repeat_penalty) in [(-0.1, 1.0), (0.0, 0.0), (0.0, -1.0)] {
+            let p = SamplingParams {
+                temperature,
+                repeat_penalty,
+                ..Default::default()
+            };
+            assert!(p.validate().is_err(), "{p:?}");
+        }
+        let p = SamplingParams {
+            temperature: 2.0,
+            repeat_penalty: 1e-3,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(p.validate(), Ok(()));
     }
 }

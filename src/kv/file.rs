@@ -75,9 +75,19 @@ pub enum SaveKind {
     /// The file already held these tokens.
     Unchanged,
     /// One record of the new positions was appended.
-    Appended { positions: usize, bytes: u64 },
+    Appended {
+        #[serde(rename = "positions_written")]
+        positions: usize,
+        #[serde(rename = "bytes_written")]
+        bytes: u64,
+    },
     /// The file was rewritten whole (new file, or the session no longer extends it).
-    Rewritten { positions: usize, bytes: u64 },
+    Rewritten {
+        #[serde(rename = "positions_written")]
+        positions: usize,
+        #[serde(rename = "bytes_written")]
+        bytes: u64,
+    },
 }
 
 /// The snapshot file of one session: the tokens it holds and where its next record goes.
@@ -104,6 +114,10 @@ impl SnapshotFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+    /// The cache shape this snapshot is for.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
     }
     /// Tokens the file holds.
     pub fn tokens(&self) -> &[u32] {

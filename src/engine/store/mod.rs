@@ -19,13 +19,17 @@
 
 mod id;
 mod prefix;
+mod restore;
+mod single;
 
 pub use id::{IdError, MAX_ID_LEN, SessionId};
 pub use prefix::PrefixReport;
+pub use restore::{LoadReport, SaveError};
+pub use single::SessionFile;
 
 use super::{Engine, EngineError, GenOutput, GenParams, Sampler, Session};
 use crate::kv::file::{self, SnapshotFile};
-use crate::kv::{Geometry, KvError, SaveKind};
+use crate::kv::{Geometry, SaveKind};
 use prefix::Prefix;
 use serde::Serialize;
 use std::fs::File;
@@ -38,9 +42,17 @@ pub enum StoreError {
     #[error("{0}")]
     BadId(#[from] IdError),
     #[error(
-        "state directory {dir} is in use by another edgellm process (its LOCK is held); stop it or pick another --state-dir"
+        "state directory {dir} is in use by another edgellm process (its LOCK is held): stop that process or use another state directory"
     )]
     Locked { dir: PathBuf },
+    #[error("{}: in use by another edgellm process (its .lock is held)", file.display())]
+    FileLocked { file: PathBuf },
+    #[error("{}: {source}", file.display())]
+    File {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("state directory {dir}: {source}")]
     Dir {
         dir: PathBuf,
@@ -115,14 +127,19 @@ pub enum Source {
 }
 
 /// What one request did besides generating.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct TurnReport {
     pub source: Source,
+    /// What loading the session's file did (empty when the session was resident).
+    pub load: LoadReport,
     /// Positions taken from a cached prefix (a system prompt, or another session) instead of
     /// the session itself.
     pub prefix_tokens: usize,
     /// `Ok` with what was written, or why the save failed (the answer is unaffected).
-    pub save: Result<SaveKind, String>,
+    pub save: Result<SaveKind, SaveError>,
+    /// The session's snapshot file, and the tokens it holds after the save.
+    pub file: PathBuf,
+    pub file_tokens: usize,
 }
 
 /// One resident session.
@@ -133,6 +150,8 @@ struct Slot {
     file: Option<SnapshotFile>,
     /// The file holds every token of the session.
     saved: bool,
+    /// What the last load from flash did, for the next turn's report.
+    load: LoadReport,
     last_used: u64,
 }
 
@@ -259,16 +278,25 @@ impl SessionStore {
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<(GenOutput, TurnReport), StoreError> {
         let (slot, source) = self.checkout(engine, id)?;
+        let load = match source {
+            Source::Ram => LoadReport::default(),
+            _ => std::mem::take(&mut self.slots[slot].load),
+        };
         let prefix_tokens = self.reuse_prefix(slot, prompt);
         let s = &mut self.slots[slot];
         let out = engine.generate(&mut s.session, prompt, params, sampler, is_eog, on_token)?;
         let save = self.save_slot(slot);
+        let s = &self.slots[slot];
+        let file_tokens = s.file.as_ref().map_or(0, |f| f.tokens().len());
         Ok((
             out,
             TurnReport {
                 source,
+                load,
                 prefix_tokens,
                 save,
+                file: self.session_path(id),
+                file_tokens,
             },
         ))
     }
@@ -299,68 +327,26 @@ impl SessionStore {
             return Ok((i, Source::Ram));
         }
         let i = self.free_slot(engine);
-        let path = self.session_path(id);
-        let mut f = SnapshotFile::new(&path, self.geometry.clone());
+        let f = SnapshotFile::new(self.session_path(id), self.geometry.clone());
         let slot = &mut self.slots[i];
         slot.id = Some(id.clone());
         slot.last_used = self.clock;
-        slot.saved = true;
         // Never the previous occupant's file, whatever happens below.
         slot.file = None;
-        slot.session.truncate(0);
-        let source = match f.load(&mut slot.session.kv) {
-            Ok(torn) if f.tokens().is_empty() && torn.is_none() && !path.exists() => Source::New,
-            Ok(torn) => {
-                slot.session.restore_tokens(f.tokens());
-                self.status.restored += 1;
-                let mut recomputed = 0;
-                if let Some(t) = &torn {
-                    tracing::warn!(session = %id, "{t}");
-                    // A torn last turn whose token ids are intact is computed again.
-                    let salvaged = file::salvage_tokens(&path, &self.geometry);
-                    if let Some(rest) = salvaged.strip_prefix(f.tokens()).filter(|r| !r.is_empty())
-                    {
-                        recomputed = recompute(engine, &mut slot.session, rest, id);
-                        slot.saved = false;
-                    }
-                }
-                tracing::info!(session = %id, tokens = f.tokens().len(), recomputed, "session restored from flash");
-                Source::File {
-                    tokens: f.tokens().len(),
-                    torn_tail: torn.is_some(),
-                    recomputed,
-                }
-            }
-            Err(e @ KvError::Io { .. }) => {
-                tracing::error!(session = %id, "session file unreadable, starting empty: {e}");
-                self.status.last_error = Some(e.to_string());
-                self.slots[i].file = None;
-                self.slots[i].saved = false;
-                return Ok((i, Source::Unreadable { why: e.to_string() }));
-            }
-            Err(e) => {
-                // Keep the tokens if they are intact: the conversation is recomputed, not lost.
-                let salvaged = file::salvage_tokens(&path, &self.geometry);
+        let r = restore::restore(engine, &mut slot.session, f, id.as_str());
+        slot.file = r.file;
+        slot.saved = r.saved;
+        slot.load = r.load;
+        match &r.source {
+            Source::File { .. } => self.status.restored += 1,
+            Source::Refused { why, .. } => {
                 self.status.refused += 1;
-                self.status.last_error = Some(format!("session {id}: {e}"));
-                match file::move_aside(&path) {
-                    Ok(to) => {
-                        tracing::warn!(session = %id, to = %to.display(), "session file refused and moved aside: {e}")
-                    }
-                    Err(m) => {
-                        tracing::error!(session = %id, "session file refused ({e}); cannot move it aside: {m}")
-                    }
-                }
-                f = SnapshotFile::new(&path, self.geometry.clone());
-                slot.saved = false;
-                Source::Refused {
-                    why: e.to_string(),
-                    recomputed: recompute(engine, &mut slot.session, &salvaged, id),
-                }
+                self.status.last_error = Some(format!("session {id}: {why}"));
             }
-        };
-        self.slots[i].file = Some(f);
-        Ok((i, source))
+            Source::Unreadable { why } => self.status.last_error = Some(why.clone()),
+            Source::New | Source::Ram => {}
+        }
+        Ok((i, r.source))
     }
 
     /// A slot to load a session into: a free one, a new one within the RAM budget, or the least
@@ -375,6 +361,7 @@ impl SessionStore {
                 session: engine.new_session(),
                 file: None,
                 saved: true,
+                load: LoadReport::default(),
                 last_used: 0,
             });
             return self.slots.len() - 1;
@@ -399,12 +386,9 @@ impl SessionStore {
     }
 
     /// Saves slot `i`'s new positions, then keeps the directory within the disk budget.
-    fn save_slot(&mut self, i: usize) -> Result<SaveKind, String> {
+    fn save_slot(&mut self, i: usize) -> Result<SaveKind, SaveError> {
         let s = &mut self.slots[i];
-        let Some(f) = s.file.as_mut() else {
-            return Err("not saved: the session's file could not be read".into());
-        };
-        match f.save(&s.session.kv, s.session.tokens()) {
+        match restore::save(s.file.as_mut(), &s.session) {
             Ok(kind) => {
                 s.saved = true;
                 self.status.saves += 1;
@@ -412,13 +396,14 @@ impl SessionStore {
                 self.enforce_disk_budget(keep.as_ref());
                 Ok(kind)
             }
+            // Nothing was tried: the failure to read the file was reported when it happened.
+            Err(e @ SaveError::Unreadable) => Err(e),
             Err(e) => {
                 s.saved = false;
                 self.status.save_failures += 1;
-                let msg = e.to_string();
-                tracing::error!(session = %s.id.as_ref().map_or("", |s| s.as_str()), "session not saved (the answer is unaffected): {msg}");
-                self.status.last_error = Some(msg.clone());
-                Err(msg)
+                tracing::error!(session = %s.id.as_ref().map_or("", |s| s.as_str()), "session not saved (the answer is unaffected): {e}");
+                self.status.last_error = Some(e.to_string());
+                Err(e)
             }
         }
     }
@@ -528,24 +513,6 @@ fn remove_stale_temporaries(dir: &Path) {
                     tracing::warn!(file = %p.display(), "cannot remove stale temporary: {err}")
                 }
             }
-        }
-    }
-}
-
-/// Feeds `tokens` salvaged from a damaged file after what the session holds; returns how many
-/// were computed. Token ids are covered by a checksum, not checked against the vocabulary: a
-/// crafted file can hold ids the engine refuses, and then the session keeps what it had.
-fn recompute(engine: &mut Engine, s: &mut Session, tokens: &[u32], id: &SessionId) -> usize {
-    if tokens.is_empty() {
-        return 0;
-    }
-    let keep = s.tokens().len();
-    match engine.feed(s, tokens) {
-        Ok(_) => tokens.len(),
-        Err(e) => {
-            tracing::warn!(session = %id, "salvaged tokens not recomputed: {e}");
-            s.truncate(keep);
-            0
         }
     }
 }
