@@ -94,6 +94,23 @@ pub fn model_path(quant: &str) -> PathBuf {
 /// A tiny synthetic model (`synth_model_bytes(spec)`) whose vocabulary holds the printable
 /// ASCII characters at ids 3..97, so that `--prompt` text tokenizes one character per token.
 pub fn ascii_synth_model_bytes(spec: &edgellm::model::synth::SynthSpec) -> Vec<u8> {
+    ascii_model_bytes(spec, None)
+}
+
+/// As [`ascii_synth_model_bytes`], with ' ' and '\n' at ids 97 and 98 (as byte-level BPE spells
+/// them) and, when given, `template` as the model's chat template.
+#[allow(dead_code)]
+pub fn ascii_chat_model_bytes(
+    spec: &edgellm::model::synth::SynthSpec,
+    template: Option<&str>,
+) -> Vec<u8> {
+    ascii_model_bytes(spec, Some(template))
+}
+
+fn ascii_model_bytes(
+    spec: &edgellm::model::synth::SynthSpec,
+    chat: Option<Option<&str>>,
+) -> Vec<u8> {
     use edgellm::gguf::{Array, Gguf, GgufWriter};
     let bytes = edgellm::model::synth::synth_model_bytes(spec);
     let g = Gguf::from_bytes("synth.gguf", bytes).unwrap();
@@ -103,10 +120,15 @@ pub fn ascii_synth_model_bytes(spec: &edgellm::model::synth::SynthSpec) -> Vec<u
         .map(|i| match i {
             0..3 => ["<|endoftext|>", "<|im_start|>", "<|im_end|>"][i].to_string(),
             3..97 => char::from(b'!' + (i - 3) as u8).to_string(),
+            97 if chat.is_some() => "\u{120}".to_string(),
+            98 if chat.is_some() => "\u{10A}".to_string(),
             _ => format!("x{i}"),
         })
         .collect();
     w.set_array("tokenizer.ggml.tokens", Array::String(tokens));
+    if let Some(Some(t)) = chat {
+        w.set_str("tokenizer.chat_template", t);
+    }
     for t in g.tensors() {
         w.add_tensor(&t.name, t.ty, &t.dims, g.tensor_data(t).to_vec())
             .unwrap();

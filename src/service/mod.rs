@@ -1,0 +1,302 @@
+//! The service layer every front end shares: a [`Request`] in, a stream of [`Event`]s out.
+//!
+//! Front ends (the CLI's `run`, MQTT, serial, Modbus) only translate their bytes, topics or
+//! registers into `Request`s and `Event`s back; everything between — the chat template, the
+//! rule that user text never becomes control tokens, truncation, the system-prompt cache,
+//! sessions, the bounded queue, cancellation and deadlines — lives here, once.
+//!
+//! ```text
+//! front end ──submit(Request, sink)──► Queue (bounded, fair between sources)
+//!                                         │ one worker thread per model
+//!                                         ▼
+//!              prompt::build → SessionStore / SessionFile → Engine::generate
+//! front end ◄──── Event::Text … Event::Done | Event::Error ────┘
+//! ```
+//!
+//! Errors carry a small, stable [`ErrorCode`] and a message for a person that names no
+//! command-line flag: a PLC operator reads it on a panel, not in a shell.
+
+pub mod prompt;
+pub mod queue;
+pub mod worker;
+
+pub use worker::{Handle, Service, ServiceConfig, Sessions, Ticket};
+
+use crate::engine::store::StoreError;
+use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
+use crate::engine::{EngineError, SamplingParams};
+use crate::kv::SaveKind;
+use crate::tokenizer::{ChatMessage, TokenizerError};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Longest request id.
+pub const MAX_ID_LEN: usize = 128;
+
+/// What to answer.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The caller's id for the request, echoed in logs and by the front end (1 to
+    /// [`MAX_ID_LEN`] bytes).
+    pub id: String,
+    /// Who sent it (an MQTT client, a serial port, `cli`): the queue is fair between sources.
+    pub source: String,
+    pub prompt: Prompt,
+    /// The system prompt of a chat (replaces the template's default one).
+    pub system: Option<String>,
+    /// A named session of the state directory: its cached positions are reused and the turn
+    /// is saved to it.
+    pub session: Option<SessionId>,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Also report the `top_logits` best `(id, logit)` after the prompt.
+    pub top_logits: usize,
+    /// Drop tokens from the front of a prompt that does not fit the context instead of
+    /// refusing it.
+    pub truncate: bool,
+    /// Answer `timeout` once this passes (in the queue: an error; mid-answer: what was
+    /// generated so far, with finish reason `timeout`).
+    pub deadline: Option<Instant>,
+}
+
+/// The text to continue.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Raw text, continued as is. `special` lets control tokens written in it be control
+    /// tokens: only for a trusted local user who renders a template by hand.
+    Text { text: String, special: bool },
+    /// A conversation, rendered with the model's chat template; the messages' contents are
+    /// user text and never become control tokens.
+    Chat(Vec<ChatMessage>),
+}
+
+impl Request {
+    /// A request with the default settings: greedy, 128 tokens, no session.
+    pub fn new(id: impl Into<String>, source: impl Into<String>, prompt: Prompt) -> Request {
+        Request {
+            id: id.into(),
+            source: source.into(),
+            prompt,
+            system: None,
+            session: None,
+            sampling: SamplingParams::default(),
+            max_tokens: 128,
+            top_logits: 0,
+            truncate: false,
+            deadline: None,
+        }
+    }
+}
+
+/// Most bytes of text in one [`Event::Text`]; a longer piece comes as several events.
+pub const CHUNK_BYTES: usize = 64;
+
+/// A piece of the answer's text: inline, so streaming a token allocates nothing.
+pub type Chunk = heapless::String<CHUNK_BYTES>;
+
+/// What the worker sends back for a request, in order: any number of `Text`, then exactly one
+/// `Done` or `Error`.
+#[derive(Debug)]
+pub enum Event {
+    /// The next piece of the answer (whole UTF-8 characters).
+    Text(Chunk),
+    Done(Box<Done>),
+    Error(ServiceError),
+}
+
+/// Why the answer ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its answer (an end-of-generation token, the last generated id).
+    Eog,
+    /// The request's `max_tokens` was reached.
+    Length,
+    /// The context is full.
+    ContextFull,
+    /// Cancelled by the caller, or the receiver of the events went away.
+    Cancelled,
+    /// The request's deadline passed.
+    Timeout,
+}
+
+/// Token counts of one answer.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens computed for this answer.
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens taken from a session's cache (RAM or flash) instead of being computed.
+    pub restored_tokens: usize,
+}
+
+/// Where the time went, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timings {
+    /// From submission to the worker taking the request.
+    pub queue_ms: f64,
+    pub prompt_ms: f64,
+    /// From the worker taking the request to the first generated token.
+    pub ttft_ms: f64,
+    pub decode_ms: f64,
+    /// Generated tokens per second after the first.
+    pub decode_tps: f64,
+}
+
+/// The end of a successful answer.
+#[derive(Clone, Debug)]
+pub struct Done {
+    pub id: String,
+    /// The whole answer (the `Text` events, joined).
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+    /// The prompt as the model saw it.
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids, the end-of-generation token included when the answer ended on one.
+    pub generated_ids: Vec<u32>,
+    pub top_logits: Vec<(u32, f32)>,
+    /// Prompt tokens dropped from the front to fit the context.
+    pub truncated_tokens: usize,
+    pub session: Option<SessionReport>,
+}
+
+/// What a turn did to its session on flash.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionReport {
+    /// The session's name (none for a lone session file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub file: PathBuf,
+    pub source: Source,
+    /// Positions taken from a cached prefix (a system prompt, another session).
+    pub prefix_tokens: usize,
+    pub load: LoadReport,
+    pub saved: bool,
+    /// What the save wrote (`unchanged`, `appended`, `rewritten`, and how much).
+    #[serde(flatten)]
+    pub write: Option<SaveKind>,
+    /// Why the save failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Tokens the file holds after the save.
+    pub tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<StoreStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<PrefixReport>,
+}
+
+impl SessionReport {
+    fn of(id: Option<&SessionId>, turn: TurnReport) -> SessionReport {
+        let (write, error) = match turn.save {
+            Ok(kind) => (Some(kind), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        SessionReport {
+            id: id.map(|i| i.as_str().to_owned()),
+            file: turn.file,
+            source: turn.source,
+            prefix_tokens: turn.prefix_tokens,
+            load: turn.load,
+            saved: write.is_some(),
+            write,
+            error,
+            tokens: turn.file_tokens,
+            status: None,
+            system_prompt: None,
+        }
+    }
+}
+
+/// The stable error codes a front end shows or maps to its own (MQTT `error.code`, a serial
+/// `ERR <code>`, a Modbus exception).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request is malformed or asks for something this model cannot do.
+    BadRequest,
+    /// A size bound was exceeded (prompt, tokens, ids).
+    TooLarge,
+    /// The prompt does not fit the context.
+    ContextFull,
+    /// The queue is full: try again later.
+    Busy,
+    /// The deadline passed before the answer started.
+    Timeout,
+    /// Cancelled before the answer started, or the service stopped.
+    Cancelled,
+    /// A fault of the appliance, not of the request.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::ContextFull => "context_full",
+            ErrorCode::Busy => "busy",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request that could not be answered: a code for machines, a message for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ServiceError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ServiceError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ServiceError {
+        ServiceError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EngineError> for ServiceError {
+    fn from(e: EngineError) -> Self {
+        let code = match e {
+            EngineError::ContextFull { .. } => ErrorCode::ContextFull,
+            EngineError::BadToken { .. } | EngineError::EmptyPrompt => ErrorCode::BadRequest,
+            EngineError::Config(_) | EngineError::Kernels(_) | EngineError::Threads(_) => {
+                ErrorCode::Internal
+            }
+        };
+        ServiceError::new(code, e.to_string())
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Engine(e) => e.into(),
+            StoreError::BadId(e) => ServiceError::new(ErrorCode::BadRequest, e.to_string()),
+            e => ServiceError::new(ErrorCode::Internal, e.to_string()),
+        }
+    }
+}
+
+impl From<TokenizerError> for ServiceError {
+    fn from(e: TokenizerError) -> Self {
+        // A template that rejects a conversation (roles out of order, raise_exception) or a
+        // model without one: the request asks for what this model cannot format.
+        ServiceError::new(ErrorCode::BadRequest, e.to_string())
+    }
+}
