@@ -14,7 +14,6 @@ mod kv;
 mod profile;
 mod quantize;
 mod run;
-mod state;
 mod tokenize;
 
 /// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).

@@ -1,12 +1,13 @@
 //! `edgellm run`: one prompt in, a completion out (streamed, or one JSON object at the end).
 
 use super::CliResult;
-use super::common::ModelArgs;
-use super::state::{self, StoreRun};
-use edgellm::engine::store::SessionId;
-use edgellm::engine::{FinishReason, GenParams, Sampler, SamplingParams};
-use edgellm::kv::Geometry;
-use edgellm::tokenizer::{ChatMessage, StreamDecoder};
+use super::common::{ModelArgs, parse_size};
+use edgellm::engine::SamplingParams;
+use edgellm::engine::store::{SessionId, StoreConfig};
+use edgellm::service::{
+    ErrorCode, Event, FinishReason, Prompt, Request, Service, ServiceConfig, Sessions,
+};
+use edgellm::tokenizer::ChatMessage;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -98,12 +99,17 @@ pub struct Args {
     session: SessionId,
     /// Flash the state directory may use; past it the least recently saved sessions are
     /// deleted. Sizes: 4096, 64K, 256M, 2G.
-    #[arg(long, default_value = "256M", value_parser = state::parse_size)]
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
     disk_budget: u64,
     /// Drop tokens from the front of a prompt that does not fit the context (with a warning)
     /// instead of failing.
     #[arg(long)]
     truncate: bool,
+    /// Let control tokens written in a raw prompt (e.g. `<|im_start|>`, for a template
+    /// rendered by hand) be control tokens. Without it, and always in a --chat message, text
+    /// is text: a typed control token cannot open or close a turn.
+    #[arg(long, conflicts_with = "chat")]
+    raw_special: bool,
 }
 
 /// Largest prompt file read.
@@ -129,8 +135,20 @@ fn read_prompt(a: &Args) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("{}: prompt is not UTF-8 ({e})", path.display()))
 }
 
-pub fn run(a: Args) -> CliResult {
-    let sampling = SamplingParams {
+/// The request this run makes of the service.
+fn request(a: &Args, prompt: String) -> Request {
+    let prompt = if a.chat {
+        Prompt::Chat(vec![ChatMessage::new("user", prompt)])
+    } else {
+        Prompt::Text {
+            text: prompt,
+            special: a.raw_special,
+        }
+    };
+    let mut req = Request::new("run", "cli", prompt);
+    req.system = a.system.clone();
+    req.session = a.state_dir.as_ref().map(|_| a.session.clone());
+    req.sampling = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
@@ -139,174 +157,108 @@ pub fn run(a: Args) -> CliResult {
         repeat_last_n: a.repeat_last_n,
         seed: a.seed,
     };
-    sampling.validate()?;
+    req.max_tokens = a.max_tokens;
+    req.top_logits = a.top_logits;
+    req.truncate = a.truncate;
+    req
+}
+
+/// `edgellm run` is a client of the service: one request, its events printed as they come.
+pub fn run(a: Args) -> CliResult {
     let prompt = read_prompt(&a)?;
-    let mut loaded = a.model.load()?;
-    let engine = &mut loaded.engine;
-    let model = std::sync::Arc::clone(engine.model());
-    let tok = &model.tokenizer;
+    let req = request(&a, prompt);
+    req.sampling.validate()?;
+    let loaded = a.model.load()?;
+    let kernels = loaded.engine.kernels().name();
+    let threads = loaded.engine.config().threads;
+    let n_ctx = loaded.engine.config().n_ctx;
+    let sessions = match (&a.session_file, &a.state_dir) {
+        (Some(f), _) => Sessions::File(f.clone()),
+        (None, Some(dir)) => Sessions::Store(StoreConfig {
+            dir: dir.clone(),
+            // One resident session: a run answers one request.
+            ram_bytes: 0,
+            disk_bytes: a.disk_budget,
+        }),
+        (None, None) => Sessions::None,
+    };
+    let cfg = ServiceConfig {
+        queue_depth: 1,
+        per_source: 1,
+        max_prompt_bytes: MAX_PROMPT_BYTES as usize,
+        sessions,
+    };
+    let service = Service::start(loaded.engine, cfg).map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(64);
+    service
+        .handle()
+        .submit(req, Box::new(tx))
+        .map_err(|e| e.to_string())?;
 
-    let mut prompt_ids = if a.chat {
-        let tmpl = model
-            .chat_template()
-            .map_err(|e| format!("{}: {e}", a.model.model.display()))?;
-        let text = tmpl.render_with_system(
-            a.system.as_deref(),
-            &[ChatMessage::new("user", prompt)],
-            true,
-        )?;
-        tok.encode(&text, true, true)
-    } else {
-        tok.encode(&prompt, true, false)
-    };
-    let n_ctx = engine.config().n_ctx;
-    if prompt_ids.len() >= n_ctx {
-        if !a.truncate {
-            return Err(format!(
-                "the prompt is {} tokens but the context holds {n_ctx} (raise --ctx, or pass --truncate)",
-                prompt_ids.len()
-            )
-            .into());
-        }
-        let keep = n_ctx - a.max_tokens.clamp(1, n_ctx / 2);
-        tracing::warn!(
-            dropped = prompt_ids.len() - keep,
-            kept = keep,
-            "prompt truncated from the front to fit the context"
-        );
-        prompt_ids.drain(..prompt_ids.len() - keep);
-    }
-    if prompt_ids.is_empty() {
-        return Err("the prompt is empty".into());
-    }
-
-    let mut sampler = Sampler::new(sampling, model.hp.n_vocab);
-    let mut store = match &a.state_dir {
-        Some(dir) => Some(StoreRun::open(
-            engine,
-            dir,
-            a.session.clone(),
-            a.disk_budget,
-        )?),
-        None => None,
-    };
-    if let (Some(st), true) = (&mut store, a.chat) {
-        let tmpl = model.chat_template()?;
-        if let Some(text) = tmpl.system_prefix(a.system.as_deref())? {
-            st.cache_system_prompt(engine, &tok.encode(&text, true, true), &prompt_ids);
-        }
-    }
-    // A session of our own, unless the store provides it.
-    let mut session = store.is_none().then(|| engine.new_session());
-    let mut snapshot = match (&a.session_file, &mut session) {
-        (Some(path), Some(session)) => {
-            let g = Geometry::of(&model, n_ctx, engine.config().kv_type);
-            Some(state::restore(path, g, session)?)
-        }
-        _ => None,
-    };
-    let params = GenParams {
-        max_tokens: a.max_tokens,
-        top_logits: a.top_logits,
-    };
-    let mut stream = StreamDecoder::new();
-    let mut text = String::new();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut write_failed = None;
-    let is_eog = |t: u32| tok.is_eog(t);
-    let mut on_token = |t: u32| {
-        if tok.is_eog(t) {
-            return true;
+    let mut done = None;
+    for ev in rx {
+        match ev {
+            Event::Text(chunk) if !a.json => {
+                if let Err(e) = out.write_all(chunk.as_bytes()).and_then(|_| out.flush()) {
+                    // A closed pipe (e.g. `| head`): dropping the receiver stops generation
+                    // instead of wasting the CPU.
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(());
+                    }
+                    return Err(format!("writing to standard output: {e}").into());
+                }
+            }
+            Event::Text(_) => {}
+            Event::Done(d) => done = Some(d),
+            Event::Error(e) if e.code == ErrorCode::ContextFull => {
+                return Err(format!("{e} (raise --ctx, or pass --truncate)").into());
+            }
+            Event::Error(e) => return Err(e.message.into()),
         }
-        let start = text.len();
-        stream.push_into(tok.token_to_piece(t), &mut text);
-        if !a.json
-            && let Err(e) = out
-                .write_all(&text.as_bytes()[start..])
-                .and_then(|_| out.flush())
-        {
-            // A closed pipe (e.g. `| head`) stops generation instead of wasting the CPU.
-            write_failed = Some(e);
-            return false;
-        }
-        true
-    };
-    // Saving never loses the answer: a failure is logged and reported, and exit is 0.
-    let (result, session_report) = match (&mut store, &mut session) {
-        (Some(st), _) => {
-            let (r, turn) = st.store.generate(
-                engine,
-                &st.id,
-                &prompt_ids,
-                &params,
-                &mut sampler,
-                &is_eog,
-                &mut on_token,
-            )?;
-            (r, Some(st.report(&turn)))
-        }
-        (None, Some(session)) => {
-            let r = engine.generate(
-                session,
-                &prompt_ids,
-                &params,
-                &mut sampler,
-                &is_eog,
-                &mut on_token,
-            )?;
-            let report = snapshot.as_mut().map(|f| state::save(f, session));
-            (r, report)
-        }
-        (None, None) => unreachable!("a run has a session or a store"),
-    };
-    text.push_str(&stream.finish());
-    if let Some(e) = write_failed {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            return Ok(());
-        }
-        return Err(format!("writing to standard output: {e}").into());
     }
+    service.shutdown(std::time::Duration::ZERO);
+    let d = done.ok_or("the service ended without an answer")?;
 
-    let t = &result.timings;
+    let t = &d.timings;
     tracing::info!(
-        prompt_tokens = t.prompt_tokens,
-        generated = result.generated.len(),
+        prompt_tokens = d.usage.prompt_tokens,
+        generated = d.generated_ids.len(),
         prompt_ms = format_args!("{:.1}", t.prompt_ms),
         ttft_ms = format_args!("{:.1}", t.ttft_ms),
         decode_tps = format_args!("{:.1}", t.decode_tps),
-        finish = ?result.finish,
+        finish = ?d.finish_reason,
         "done"
     );
     if a.json {
-        let v = json!({
-            "prompt_ids": prompt_ids,
-            "generated_ids": result.generated,
-            "text": text,
-            "finish_reason": result.finish,
-            "top_logits": result.top_logits.iter().map(|(id, l)| json!([id, l])).collect::<Vec<_>>(),
+        let mut v = json!({
+            "prompt_ids": d.prompt_ids,
+            "generated_ids": d.generated_ids,
+            "text": d.text,
+            "finish_reason": d.finish_reason,
+            "top_logits": d.top_logits.iter().map(|(id, l)| json!([id, l])).collect::<Vec<_>>(),
             "timings": {
                 "load_ms": loaded.load_ms,
                 "prompt_ms": t.prompt_ms,
                 "ttft_ms": t.ttft_ms,
                 "decode_ms": t.decode_ms,
                 "decode_tps": t.decode_tps,
-                "prompt_tokens": t.prompt_tokens,
-                "restored_tokens": t.restored_tokens,
+                "prompt_tokens": d.usage.prompt_tokens,
+                "restored_tokens": d.usage.restored_tokens,
             },
-            "kernels": engine.kernels().name(),
-            "threads": engine.config().threads,
+            "kernels": kernels,
+            "threads": threads,
         });
-        let mut v = v;
-        if let Some(r) = session_report {
-            v["session"] = r;
+        if let Some(r) = &d.session {
+            v["session"] = serde_json::to_value(r)?;
         }
         writeln!(out, "{v}")?;
     } else {
-        if !text.ends_with('\n') {
+        if !d.text.ends_with('\n') {
             writeln!(out)?;
         }
-        if result.finish == FinishReason::ContextFull {
+        if d.finish_reason == FinishReason::ContextFull {
             tracing::warn!("generation stopped: the context ({n_ctx} tokens) is full");
         }
     }
