@@ -7,6 +7,7 @@ pub mod engine;
 pub mod gguf;
 pub mod kv;
 pub mod model;
+pub mod mqtt;
 pub mod quantize;
 pub mod service;
 pub mod tokenizer;

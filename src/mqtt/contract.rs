@@ -1,0 +1,335 @@
+//! The MQTT contract, pure: topics, and request / answer JSON to and from the service's
+//! [`Request`] and [`Event`]s. No I/O and no clock of its own (the caller passes `now`), so
+//! every byte of the contract is tested without a broker. `docs/mqtt.md` documents it.
+//!
+//! A request (`{prefix}/{device}/request`, or the fleet's shared topic):
+//!
+//! ```json
+//! {"id": "r1", "prompt": "Status?", "system": "Be brief.", "session": "plc-7",
+//!  "max_tokens": 64, "temperature": 0.0, "top_p": 0.95, "top_k": 40, "seed": 7, "stream": true}
+//! ```
+//!
+//! `prompt` (one user message) or `messages` (`[{"role", "content"}]`) is required; everything
+//! else is optional. Unknown fields are refused, so a typo is an error, not a default.
+
+use crate::engine::SamplingParams;
+use crate::engine::store::SessionId;
+use crate::service::{Done, ErrorCode, FinishReason, MAX_ID_LEN, Prompt, Request, ServiceError};
+use crate::tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// Longest topic prefix, device id or fleet group name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The topics of one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topics {
+    pub request: String,
+    pub cancel: String,
+    pub status: String,
+    /// `{prefix}/{device}/response/`: an answer without a response topic goes to this + id.
+    pub response_base: String,
+    /// `$share/{group}/{prefix}/fleet/request`, when the device is in a fleet.
+    pub fleet_request: Option<String>,
+    /// The fleet topic as published to (without `$share/{group}/`).
+    pub fleet_topic: Option<String>,
+}
+
+/// Why a topic name was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?}: {why}")]
+pub struct NameError {
+    pub what: &'static str,
+    pub value: String,
+    pub why: &'static str,
+}
+
+/// Checks one topic level (a prefix may hold several, separated by `/`).
+fn check_name(what: &'static str, value: &str, levels: bool) -> Result<(), NameError> {
+    let err = |why| NameError {
+        what,
+        value: value.to_owned(),
+        why,
+    };
+    if value.is_empty() || value.len() > MAX_NAME_LEN {
+        return Err(err("must have 1 to 64 bytes"));
+    }
+    if value.contains(['+', '#', '\0']) {
+        return Err(err("must not hold the MQTT wildcards + and #, or NUL"));
+    }
+    if value.starts_with('$') {
+        return Err(err("must not start with $ (reserved by brokers)"));
+    }
+    if !levels && value.contains('/') {
+        return Err(err("must be one topic level (no /)"));
+    }
+    if levels && value.split('/').any(str::is_empty) {
+        return Err(err(
+            "must not have an empty level (// or a leading or trailing /)",
+        ));
+    }
+    Ok(())
+}
+
+impl Topics {
+    pub fn new(prefix: &str, device: &str, group: Option<&str>) -> Result<Topics, NameError> {
+        check_name("topic prefix", prefix, true)?;
+        check_name("device id", device, false)?;
+        if let Some(g) = group {
+            check_name("fleet group", g, false)?;
+        }
+        let base = format!("{prefix}/{device}");
+        let fleet_topic = group.map(|_| format!("{prefix}/fleet/request"));
+        Ok(Topics {
+            request: format!("{base}/request"),
+            cancel: format!("{base}/cancel"),
+            status: format!("{base}/status"),
+            response_base: format!("{base}/response/"),
+            fleet_request: group.map(|g| format!("$share/{g}/{prefix}/fleet/request")),
+            fleet_topic,
+        })
+    }
+
+    /// Where the answer to `id` goes when the request named no response topic.
+    pub fn response(&self, id: &str) -> String {
+        format!("{}{id}", self.response_base)
+    }
+}
+
+/// Bounds a request is held to.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_payload: usize,
+    pub max_tokens: usize,
+    /// From arrival to the end of the answer.
+    pub timeout: Option<Duration>,
+}
+
+/// A request as it arrives. Every field but the prompt is optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    id: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    system: Option<String>,
+    session: Option<String>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    seed: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+}
+
+/// A parsed request, and how its answer is wanted.
+#[derive(Debug)]
+pub struct Parsed {
+    pub request: Request,
+    /// Send `Text` events as chunks before the final message.
+    pub stream: bool,
+    /// The id was generated here (the request had none): the answer tells the client.
+    pub generated_id: bool,
+}
+
+/// A request that could not be parsed: the error to answer, with the request's id when it
+/// could be read.
+#[derive(Debug, PartialEq)]
+pub struct Refused {
+    pub id: Option<String>,
+    pub error: ServiceError,
+}
+
+/// Where a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The device's own request topic.
+    Device,
+    /// The fleet's shared topic: any device may answer, so no session can be named.
+    Fleet,
+}
+
+/// Parses a request payload. `source` keys the queue's fairness (the response topic, which is
+/// the client's own); `fresh_id` is used when the request has no id.
+pub fn parse_request(
+    payload: &[u8],
+    origin: Origin,
+    source: &str,
+    fresh_id: impl FnOnce() -> String,
+    limits: &Limits,
+    now: Instant,
+) -> Result<Parsed, Refused> {
+    let refuse = |id: Option<String>, code, msg: String| Refused {
+        id,
+        error: ServiceError::new(code, msg),
+    };
+    if payload.len() > limits.max_payload {
+        return Err(refuse(
+            None,
+            ErrorCode::TooLarge,
+            format!(
+                "the request is {} bytes; at most {} are accepted",
+                payload.len(),
+                limits.max_payload
+            ),
+        ));
+    }
+    let wire: Wire = match serde_json::from_slice(payload) {
+        Ok(w) => w,
+        Err(e) => {
+            // Answer with the id if the payload is JSON that has one.
+            let id = serde_json::from_slice::<Value>(payload)
+                .ok()
+                .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_owned))
+                .filter(|id| valid_id(id));
+            return Err(refuse(
+                id,
+                ErrorCode::BadRequest,
+                format!("invalid request: {e}"),
+            ));
+        }
+    };
+    let (id, generated_id) = match wire.id {
+        Some(id) if valid_id(&id) => (id, false),
+        Some(id) => {
+            return Err(refuse(
+                None,
+                ErrorCode::BadRequest,
+                format!(
+                    "id must have 1 to {MAX_ID_LEN} bytes of printable ASCII, got {} bytes",
+                    id.len()
+                ),
+            ));
+        }
+        None => (fresh_id(), true),
+    };
+    let bad = |msg: String| refuse(Some(id.clone()), ErrorCode::BadRequest, msg);
+    let prompt = match (wire.prompt, wire.messages) {
+        (Some(_), Some(_)) => return Err(bad("give prompt or messages, not both".into())),
+        (None, None) => return Err(bad("the request needs a prompt or messages".into())),
+        (Some(p), None) => Prompt::Chat(vec![ChatMessage::new("user", p)]),
+        (None, Some(m)) => Prompt::Chat(m),
+    };
+    let session = match wire.session {
+        None => None,
+        Some(_) if origin == Origin::Fleet => {
+            return Err(bad(
+                "a fleet request cannot name a session (any device may answer it): send it to \
+                 the device's own request topic"
+                    .into(),
+            ));
+        }
+        Some(s) => Some(SessionId::parse(&s).map_err(|e| bad(e.to_string()))?),
+    };
+    let max_tokens = wire.max_tokens.unwrap_or(limits.max_tokens.min(256));
+    if max_tokens == 0 || max_tokens > limits.max_tokens {
+        return Err(refuse(
+            Some(id),
+            ErrorCode::TooLarge,
+            format!(
+                "max_tokens must be 1 to {}, got {max_tokens}",
+                limits.max_tokens
+            ),
+        ));
+    }
+    let d = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: wire.temperature.unwrap_or(0.0),
+        top_p: wire.top_p.unwrap_or(d.top_p),
+        top_k: wire.top_k.unwrap_or(d.top_k),
+        seed: wire.seed.unwrap_or(d.seed),
+        ..d
+    };
+    sampling.validate().map_err(|e| bad(e.to_string()))?;
+    let mut request = Request::new(id, source, prompt);
+    request.system = wire.system;
+    request.session = session;
+    request.sampling = sampling;
+    request.max_tokens = max_tokens;
+    request.deadline = limits.timeout.map(|t| now + t);
+    Ok(Parsed {
+        request,
+        stream: wire.stream,
+        generated_id,
+    })
+}
+
+/// A request id: 1 to [`MAX_ID_LEN`] bytes of printable ASCII (it becomes a topic level).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'+' | b'#' | b'/'))
+}
+
+/// `{"id"}` on the cancel topic: the id to cancel.
+pub fn parse_cancel(payload: &[u8]) -> Result<String, ServiceError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Cancel {
+        id: String,
+    }
+    if payload.len() > 1024 {
+        return Err(ServiceError::new(
+            ErrorCode::TooLarge,
+            "a cancel request is at most 1024 bytes",
+        ));
+    }
+    serde_json::from_slice::<Cancel>(payload)
+        .map(|c| c.id)
+        .map_err(|e| ServiceError::new(ErrorCode::BadRequest, format!("invalid cancel: {e}")))
+}
+
+/// A streamed piece of the answer.
+pub fn chunk_json(id: &str, seq: u64, delta: &str) -> Vec<u8> {
+    json!({ "id": id, "seq": seq, "delta": delta, "done": false })
+        .to_string()
+        .into_bytes()
+}
+
+/// The wire name of a finish reason.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eog => "stop",
+        FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Timeout => "timeout",
+    }
+}
+
+/// The final message of an answer.
+pub fn done_json(d: &Done) -> Vec<u8> {
+    let t = &d.timings;
+    json!({
+        "id": d.id,
+        "text": d.text,
+        "finish_reason": finish_name(d.finish_reason),
+        "usage": d.usage,
+        "timings": {
+            "queue_ms": round3(t.queue_ms),
+            "ttft_ms": round3(t.ttft_ms),
+            "decode_tps": round3(t.decode_tps),
+        },
+        "done": true,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The answer to a request that failed (`id` null when it could not be read).
+pub fn error_json(id: Option<&str>, e: &ServiceError) -> Vec<u8> {
+    json!({ "id": id, "error": { "code": e.code, "message": e.message }, "done": true })
+        .to_string()
+        .into_bytes()
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests;
