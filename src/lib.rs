@@ -8,4 +8,5 @@ pub mod gguf;
 pub mod kv;
 pub mod model;
 pub mod quantize;
+pub mod runtime;
 pub mod tokenizer;

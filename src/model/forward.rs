@@ -19,8 +19,7 @@
 
 use super::matrix::{ActKind, ActScratch, Mat, matmul, transpose_into};
 use super::{HParams, Model, RopeType};
-use crate::engine::pool::Pool;
-use crate::engine::profile::{Op, Profile};
+use crate::runtime::{Op, Pool, Profile};
 use crate::kv::KvCache;
 use kernels_neon::Kernels;
 
