@@ -9,7 +9,8 @@ use std::time::Instant;
 
 /// Which model to load and how to size its engine: the flags every subcommand that runs or
 /// sizes a model shares, with one set of defaults. `T` is how the threads are given: one count
-/// ([`Threads`], to run) or a list of counts to measure ([`ThreadList`], `bench`).
+/// ([`Threads`], to run), a list of counts to measure ([`ThreadList`], `bench`) or none
+/// ([`NoThreads`], `inspect`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs<T: clap::Args = Threads> {
     /// Model file (.gguf: Q4_0, Q4_1, Q8_0, F16 or F32 weights).
@@ -51,6 +52,10 @@ pub struct ThreadList {
     )]
     pub list: Vec<usize>,
 }
+
+/// No threads: for a subcommand that sizes an engine without running one (`inspect`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct NoThreads {}
 
 /// The loaded model and engine, with the load time.
 pub struct Loaded {
