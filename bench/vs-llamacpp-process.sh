@@ -104,7 +104,7 @@ def row(q, metric, t, a, b, target, met, fmt):
     rows.append(f"| {q.upper()} | {metric} | {t} | {fmt(a)} | {fmt(b)} | {ratio:.2f}x | {target} | {'yes' if met(a, b) else 'NO'} |")
 
 for q, model in models:
-    info = json.loads(subprocess.run([edgellm, "inspect", model, "--json", "--ctx", str(ctx)],
+    info = json.loads(subprocess.run([edgellm, "inspect", "-m", model, "--json", "--ctx", str(ctx)],
                                      check=True, capture_output=True, text=True).stdout)
     h = info["hparams"]
     kv_dim = h["n_head_kv"] * h["head_dim"]

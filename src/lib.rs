@@ -1,7 +1,25 @@
 //! edgellm: an offline LLM appliance for ARM SoCs.
 //!
-//! Layers, bottom up (an arrow never points up): `kernels_neon` (separate crate) →
-//! [`gguf`] (mmapped model files) → `model` → `engine` → front ends → CLI/daemon.
+//! # Layers
+//!
+//! Bottom up; a layer may use the layers below it and never one above (an arrow never points
+//! up), so each can be built and tested without what sits on it:
+//!
+//! | layer | what | may use |
+//! |---|---|---|
+//! | `kernels_neon` (crate) | block formats, scalar references, SIMD kernels, dispatch | nothing of ours |
+//! | [`gguf`] | mmapped, bounds-checked model files; writer | `kernels_neon` |
+//! | [`kv`], [`tokenizer`], [`quantize`] | KV cache and its snapshots; tokenizers and chat templates; requantization | `gguf`, `kernels_neon` |
+//! | [`runtime`] | thread pool, per-op profiler | nothing of ours but `kernels_neon` |
+//! | [`model`] | hyper-parameters, weight views, the forward pass | all of the above |
+//! | [`engine`] | sessions, sampler, generate loop, session store | `model` and below |
+//! | [`service`] | requests and events, prompt rules, the worker that owns an engine, its queue | `engine` and below |
+//! | front ends ([`mqtt`]; `serial` to come) | translate bytes to requests and events back | `service` and below |
+//! | daemon (to come), CLI (`src/cli/`, the binary) | configuration, wiring, subcommands | anything |
+//!
+//! `kv` and `tokenizer` are side by side: neither uses the other. Code that joins two layers
+//! lives in the upper one (so `kv::Geometry::of`, the shape of a model's cache, is defined in
+//! `model`).
 
 pub mod engine;
 pub mod gguf;
@@ -9,5 +27,6 @@ pub mod kv;
 pub mod model;
 pub mod mqtt;
 pub mod quantize;
+pub mod runtime;
 pub mod service;
 pub mod tokenizer;

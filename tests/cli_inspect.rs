@@ -48,11 +48,12 @@ fn inspect_json_on_all_three_quants() {
         let p = model_path(quant);
         let o = edgellm(&[
             "inspect",
+            "-m",
             p.to_str().unwrap(),
             "--json",
             "--ctx",
             "4096",
-            "--batch",
+            "--chunk",
             "1",
         ]);
         assert!(o.status.success(), "{quant}: {}", stderr(&o));
@@ -97,7 +98,7 @@ fn inspect_json_on_all_three_quants() {
 #[test]
 fn inspect_text_says_what_it_counts() {
     let p = model_path("q4_0");
-    let o = edgellm(&["inspect", p.to_str().unwrap()]);
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     for want in [
@@ -110,13 +111,19 @@ fn inspect_text_says_what_it_counts() {
         "runnable:      yes",
         "gpt2 (pre smollm), 49152 tokens, 48900 merges, bos 1 \"<|im_start|>\", eos 2 \"<|im_end|>\"",
         "chat template: present (368 bytes)",
-        "memory at ctx 2048 (batch 32):",
+        "memory at ctx 2048 (chunk 64):",
         "KV cache         45.0 MiB  (f16: 2 x 30 layers x 2048 ctx x 3 kv heads x 64 head dim x 2 B)",
         "total",
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");
     }
-    let o = edgellm(&["inspect", p.to_str().unwrap(), "--metadata", "--tensors"]);
+    let o = edgellm(&[
+        "inspect",
+        "-m",
+        p.to_str().unwrap(),
+        "--metadata",
+        "--tensors",
+    ]);
     let s = stdout(&o);
     assert!(s.contains("tokenizer.ggml.tokens = [string; 49152]"), "{s}");
     assert!(s.contains("blk.29.ffn_down.weight"), "{s}");
@@ -126,7 +133,7 @@ fn inspect_text_says_what_it_counts() {
 fn inspect_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.gguf");
-    let e = assert_clean_error(&edgellm(&["inspect", missing.to_str().unwrap()]));
+    let e = assert_clean_error(&edgellm(&["inspect", "-m", missing.to_str().unwrap()]));
     assert!(
         e.contains(&format!("edgellm: {}: ", missing.display())),
         "{e}"
@@ -148,7 +155,7 @@ fn inspect_errors_name_the_file() {
     let cut = dir.path().join("model.gguf");
     let len = (layout.data_offset + 256 + 144 - 10) as usize;
     std::fs::write(&cut, &bytes[..len]).unwrap();
-    let e = assert_clean_error(&edgellm(&["inspect", cut.to_str().unwrap()]));
+    let e = assert_clean_error(&edgellm(&["inspect", "-m", cut.to_str().unwrap()]));
     let off = layout.data_offset + 256;
     assert_eq!(
         e.trim_end(),
@@ -161,12 +168,12 @@ fn inspect_errors_name_the_file() {
 
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"PK\x03\x04 not a model").unwrap();
-    let e = assert_clean_error(&edgellm(&["inspect", junk.to_str().unwrap()]));
+    let e = assert_clean_error(&edgellm(&["inspect", "-m", junk.to_str().unwrap()]));
     assert!(e.contains("junk.gguf: not a GGUF file"), "{e}");
     let empty = dir.path().join("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
-    assert_clean_error(&edgellm(&["inspect", empty.to_str().unwrap()]));
-    assert_clean_error(&edgellm(&["inspect", dir.path().to_str().unwrap()]));
+    assert_clean_error(&edgellm(&["inspect", "-m", empty.to_str().unwrap()]));
+    assert_clean_error(&edgellm(&["inspect", "-m", dir.path().to_str().unwrap()]));
 }
 
 #[test]
@@ -183,7 +190,7 @@ fn inspect_reports_unrunnable_types() {
     .unwrap();
     let p = dir.path().join("k.gguf");
     w.write_file(&p).unwrap();
-    let o = edgellm(&["inspect", p.to_str().unwrap()]);
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     assert!(s.contains("Q6_K         1 tensor"), "{s}");
@@ -194,9 +201,113 @@ fn inspect_reports_unrunnable_types() {
         "{s}"
     );
     assert!(
-        s.contains("shape:         unknown (metadata key 'llama.embedding_length' is missing)"),
+        s.contains("shape:         unknown (metadata key 'llama.block_count' is missing)"),
         "{s}"
     );
+}
+
+/// A header-only model file with `arch`'s shape keys set to `v` and a 4-token vocabulary.
+fn shape_only(dir: &Path, arch: &str, v: u32) -> std::path::PathBuf {
+    let mut w = GgufWriter::new();
+    w.set_str("general.architecture", arch);
+    for key in [
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "context_length",
+    ] {
+        w.set_u32(&format!("{arch}.{key}"), v);
+    }
+    let tokens = ["a", "b", "c", "d"].map(String::from).to_vec();
+    w.set_array(
+        "tokenizer.ggml.tokens",
+        edgellm::gguf::Array::String(tokens),
+    );
+    let p = dir.join(format!("{arch}-{v}.gguf"));
+    w.write_file(&p).unwrap();
+    p
+}
+
+#[test]
+fn inspect_answers_metadata_whose_sizes_would_overflow_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every count u32::MAX: 2 x layers x ctx x kv heads x head dim x 2 B overflows 64 bits.
+    let p = shape_only(dir.path(), "llama", u32::MAX);
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains("shape:         unknown (metadata 'llama.block_count' = 4294967295: must be in 1..=1024)"),
+        "{s}"
+    );
+    assert!(
+        !s.contains("memory at"),
+        "no estimate from an unknown shape: {s}"
+    );
+
+    // A sane shape with a context that no memory holds: the estimate says it overflows.
+    let p = shape_only(dir.path(), "llama", 64);
+    let huge = u64::MAX.to_string();
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap(), "--ctx", &huge]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains(&format!("memory at ctx {huge} (chunk 64): overflow")),
+        "{s}"
+    );
+    let o = edgellm(&[
+        "inspect",
+        "-m",
+        p.to_str().unwrap(),
+        "--json",
+        "--ctx",
+        &huge,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(
+        v["memory"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("overflow"),
+        "{v}"
+    );
+    assert!(v["memory"]["total"].is_null(), "{v}");
+    // Large but representable: the exact figure.
+    let o = edgellm(&[
+        "inspect",
+        "-m",
+        p.to_str().unwrap(),
+        "--json",
+        "--ctx",
+        "1048576",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        v["memory"]["kv_cache"],
+        2u64 * 64 * 1048576 * 64 * 64 * 2,
+        "{v}"
+    );
+}
+
+#[test]
+fn inspect_describes_an_architecture_it_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = shape_only(dir.path(), "gemma3", 64);
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for want in [
+        "64 layers, embd 64, heads 64 (kv 64), head dim 64, ffn 64, vocab 4",
+        "train context: 64",
+        "runnable:      no: architecture 'gemma3' is not supported",
+        "memory at ctx 2048 (chunk 64):",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
 }
 
 #[test]
@@ -215,7 +326,7 @@ fn quantize_cli() {
     // Not a terminal: no progress bar, nothing printed.
     assert_eq!(stderr(&r), "");
     assert_eq!(stdout(&r), "");
-    let r = edgellm(&["inspect", o, "--json"]);
+    let r = edgellm(&["inspect", "-m", o, "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&r)).unwrap();
     assert_eq!(v["file_type"], 7);
     assert_eq!(v["tensor_types"]["Q8_0"]["n_tensors"], 1);
@@ -252,7 +363,7 @@ fn quantize_cli() {
     );
     let help = stdout(&edgellm(&["inspect", "--help"]));
     assert!(
-        help.contains("--ctx") && help.contains("KV cache"),
+        help.contains("-m, --model") && help.contains("--chunk") && help.contains("KV cache"),
         "{help}"
     );
 }

@@ -2,11 +2,12 @@
 //! expected number of times, the op times are disjoint parts of the wall time, and turning
 //! profiling on changes no output bit.
 
-use edgellm::engine::{Engine, EngineConfig, GenParams, Op, Sampler, SamplingParams};
+use edgellm::engine::{Engine, EngineConfig, GenParams, Sampler, SamplingParams};
 use edgellm::gguf::GgmlType;
 use edgellm::kv::KvType;
 use edgellm::model::Model;
 use edgellm::model::synth::{SynthSpec, synth_model};
+use edgellm::runtime::Op;
 use std::sync::Arc;
 
 fn engine(model: &Arc<Model>, threads: usize, chunk: usize) -> Engine {

@@ -3,35 +3,27 @@
 
 use super::CliResult;
 use super::bench_bw::{PAIR_PASSES, PASSES, Probe, median, paired_shares};
-use super::profile;
+use super::common::{ModelArgs, ThreadList};
+use super::profile::{self, Phase};
 use edgellm::engine::{Engine, EngineConfig, MAX_CTX, Session};
-use edgellm::kv::KvType;
-use edgellm::model::{LoadOptions, Model};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Measure prompt processing and generation speed (tokens/s), like llama-bench.
-///
-/// pp: a prompt of -p tokens processed from an empty cache. tg: -n tokens decoded one at a
-/// time from an empty cache. With -d N both start after N tokens already in the cache instead
-/// (llama-bench's -d): how a long system prompt or conversation slows them. Each is repeated
-/// -r times after one warm-up; the table shows the mean and standard deviation.
 #[derive(clap::Args)]
+#[command(after_help = "\
+pp: a prompt of -p tokens processed from an empty cache. tg: -n tokens decoded one at a time \
+from an empty cache. With -d N both start after N tokens already in the cache instead \
+(llama-bench's -d): how a long system prompt or conversation slows them. Each is repeated -r \
+times after one warm-up; the table shows the mean and standard deviation. The KV cache holds \
+--ctx positions, raised to fit -d plus the longer of -p and -n.
+
+Example: edgellm bench -m smollm2-135m-q4_0.gguf -p 128 -n 64 -t 1,2")]
 pub struct Args {
-    /// Model file (.gguf).
-    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
-    model: PathBuf,
-    /// Context length; raised to fit -p and -n if smaller.
-    #[arg(short = 'c', long = "ctx", default_value_t = 512)]
-    ctx: usize,
-    /// Prompt tokens per forward pass.
-    #[arg(long, default_value_t = 64)]
-    chunk: usize,
-    /// KV cache element type: f16 or f32.
-    #[arg(long, default_value = "f16", value_parser = KvType::parse)]
-    kv_type: KvType,
+    #[command(flatten)]
+    model: ModelArgs<ThreadList>,
     /// Prompt length for pp (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
     n_prompt: usize,
@@ -41,14 +33,6 @@ pub struct Args {
     /// Tokens already in the cache when pp and tg start (computed once, not timed).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     depth: usize,
-    /// Thread counts to measure, comma-separated.
-    #[arg(
-        short = 't',
-        long = "threads",
-        value_delimiter = ',',
-        default_value = "1,2"
-    )]
-    threads_list: Vec<usize>,
     /// Repetitions per measurement.
     #[arg(short = 'r', long, default_value_t = 3)]
     repetitions: usize,
@@ -84,6 +68,22 @@ pub struct Args {
     bandwidth: bool,
 }
 
+/// What was measured at one thread count.
+struct Row {
+    threads: usize,
+    kernels: &'static str,
+    /// Tokens/s of each pp repetition (none with -p 0).
+    pp: Vec<f64>,
+    /// Tokens/s of each tg repetition (none with -n 0).
+    tg: Vec<f64>,
+    /// The profiled pp and tg phases (with --profile or --svg).
+    profile: Vec<Phase>,
+    /// Best read bandwidth in bytes/s around the runs (with --bandwidth).
+    bandwidth: Option<f64>,
+    /// Each tg run's share of the bound set by the probes just before and after it.
+    paired: Vec<f64>,
+}
+
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len().max(1) as f64;
     let mean = v.iter().sum::<f64>() / n;
@@ -112,15 +112,16 @@ fn measure(
 }
 
 pub fn run(a: Args) -> CliResult {
-    let model = Arc::new(Model::load(&a.model, &LoadOptions::default())?);
+    let model = Arc::new(a.model.load_model()?);
+    let threads_list = &a.model.threads.list;
     if a.restore {
         return Ok(super::bench_restore::run(super::bench_restore::Opts {
-            model_path: &a.model,
+            model_path: &a.model.model,
             model,
             prompt_tokens: a.restore_prompt,
-            threads: a.threads_list.first().copied().unwrap_or(1),
-            chunk: a.chunk,
-            kv_type: a.kv_type,
+            threads: threads_list.first().copied().unwrap_or(1),
+            chunk: a.model.chunk,
+            kv_type: a.model.kv_type,
             reps: a.repetitions,
             json: a.json,
             dir: a.restore_dir.as_deref(),
@@ -139,7 +140,7 @@ pub fn run(a: Args) -> CliResult {
                 a.depth, a.n_prompt, a.n_gen
             )
         })?;
-    let ctx = a.ctx.max(need);
+    let ctx = a.model.ctx.max(need);
     // Deterministic, ordinary token ids (not special tokens).
     let prompt: Vec<u32> = (0..a.n_prompt as u32)
         .map(|i| 100 + (i * 7919) % (n_vocab - 200))
@@ -151,12 +152,10 @@ pub fn run(a: Args) -> CliResult {
     let weight_bytes = model.weight_bytes_per_token() as f64;
     let probe = a.bandwidth.then(Probe::new);
     let mut rows = Vec::new();
-    for &threads in &a.threads_list {
+    for &threads in threads_list {
         let cfg = EngineConfig {
             n_ctx: ctx,
-            chunk: a.chunk,
-            threads,
-            kv_type: a.kv_type,
+            ..a.model.engine_config(threads)
         };
         let mut e = Engine::new(Arc::clone(&model), cfg)?;
         let mut s = e.new_session();
@@ -195,24 +194,32 @@ pub fn run(a: Args) -> CliResult {
         } else {
             Vec::new()
         };
-        let prof = if a.profile || a.svg.is_some() {
+        let profile = if a.profile || a.svg.is_some() {
             profile::run(&mut e, &mut s, at, &prompt, a.n_gen)?
         } else {
             Vec::new()
         };
-        let bw = probe.as_ref().zip(bw_before).map(|(p, b)| {
+        let bandwidth = probe.as_ref().zip(bw_before).map(|(p, b)| {
             tg_bw
                 .iter()
                 .fold(b.max(p.read_bandwidth(threads, PASSES)), |m, &x| m.max(x))
         });
         let paired = paired_shares(&tg, &tg_bw, weight_bytes);
-        rows.push((threads, e.kernels().name(), pp, tg, prof, bw, paired));
+        rows.push(Row {
+            threads,
+            kernels: e.kernels().name(),
+            pp,
+            tg,
+            profile,
+            bandwidth,
+            paired,
+        });
     }
     // tokens/s that the bandwidth allows when every weight byte is read once per token.
     let bound = |bw: f64| bw / weight_bytes;
     if let Some(path) = &a.svg {
-        let phases: Vec<_> = rows.iter().flat_map(|r| &r.4).collect();
-        let heading = format!("edgellm bench --profile: {}", a.model.display());
+        let phases: Vec<_> = rows.iter().flat_map(|r| &r.profile).collect();
+        let heading = format!("edgellm bench --profile: {}", a.model.model.display());
         std::fs::write(path, profile::svg(&heading, &phases))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -220,22 +227,22 @@ pub fn run(a: Args) -> CliResult {
     if a.json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(t, k, pp, tg, prof, bw, paired)| {
-                let (ppm, pps) = mean_sd(pp);
-                let (tgm, tgs) = mean_sd(tg);
-                let mut row = json!({"threads": t, "kernels": k, "n_prompt": a.n_prompt,
-                       "n_gen": a.n_gen, "n_depth": a.depth, "pp_tps": ppm, "pp_sd": pps,
-                       "tg_tps": tgm, "tg_sd": tgs});
-                if !prof.is_empty() {
-                    row["profile"] = profile::json(prof);
+            .map(|r| {
+                let (ppm, pps) = mean_sd(&r.pp);
+                let (tgm, tgs) = mean_sd(&r.tg);
+                let mut row = json!({"threads": r.threads, "kernels": r.kernels,
+                       "n_prompt": a.n_prompt, "n_gen": a.n_gen, "n_depth": a.depth,
+                       "pp_tps": ppm, "pp_sd": pps, "tg_tps": tgm, "tg_sd": tgs});
+                if !r.profile.is_empty() {
+                    row["profile"] = profile::json(&r.profile);
                 }
-                if let Some(bw) = bw {
+                if let Some(bw) = r.bandwidth {
                     row["bw_gbps"] = json!(bw / 1e9);
-                    row["tg_bound_tps"] = json!(bound(*bw));
-                    row["tg_of_bound"] = json!(tgm / bound(*bw));
-                    if let Some(m) = median(paired) {
+                    row["tg_bound_tps"] = json!(bound(bw));
+                    row["tg_of_bound"] = json!(tgm / bound(bw));
+                    if let Some(m) = median(&r.paired) {
                         row["tg_of_bound_paired"] = json!(m);
-                        row["tg_paired_shares"] = json!(paired);
+                        row["tg_paired_shares"] = json!(r.paired);
                     }
                 }
                 row
@@ -246,36 +253,39 @@ pub fn run(a: Args) -> CliResult {
     }
     println!(
         "model: {}  ({:.1} MiB of weights per token)",
-        a.model.display(),
+        a.model.model.display(),
         model.weight_bytes_per_token() as f64 / (1 << 20) as f64
     );
     println!("| threads | kernels | test   |            t/s |");
     println!("|--------:|---------|--------|---------------:|");
     let depth = profile::at_depth(a.depth);
-    for (t, k, pp, tg, ..) in &rows {
-        for (name, v, n) in [("pp", pp, a.n_prompt), ("tg", tg, a.n_gen)] {
+    for r in &rows {
+        for (name, v, n) in [("pp", &r.pp, a.n_prompt), ("tg", &r.tg, a.n_gen)] {
             if !v.is_empty() {
                 let (m, sd) = mean_sd(v);
                 println!(
-                    "| {t:>7} | {k:<7} | {:<6} | {m:>8.2} ± {sd:>4.2} |",
+                    "| {:>7} | {:<7} | {:<6} | {m:>8.2} ± {sd:>4.2} |",
+                    r.threads,
+                    r.kernels,
                     format!("{name}{n}{depth}")
                 );
             }
         }
     }
-    for (t, _, _, tg, _, bw, paired) in &rows {
-        if let Some(bw) = bw {
-            let b = bound(*bw);
+    for r in &rows {
+        if let Some(bw) = r.bandwidth {
+            let b = bound(bw);
             print!(
-                "\n{t} thread(s): read bandwidth {:.1} GB/s, {:.1} MB of weights per token: \
+                "\n{} thread(s): read bandwidth {:.1} GB/s, {:.1} MB of weights per token: \
                  decoding is bounded near {b:.0} t/s",
+                r.threads,
                 bw / 1e9,
                 weight_bytes / 1e6
             );
-            if !tg.is_empty() {
-                print!("; tg is {:.1}% of it", 100.0 * mean_sd(tg).0 / b);
+            if !r.tg.is_empty() {
+                print!("; tg is {:.1}% of it", 100.0 * mean_sd(&r.tg).0 / b);
             }
-            if let Some(m) = median(paired) {
+            if let Some(m) = median(&r.paired) {
                 print!(
                     " (each run against the probes just before and after it: median {:.1}%)",
                     100.0 * m
@@ -284,7 +294,7 @@ pub fn run(a: Args) -> CliResult {
             println!();
         }
     }
-    for p in rows.iter().flat_map(|r| &r.4) {
+    for p in rows.iter().flat_map(|r| &r.profile) {
         print!("\n{}", profile::table(p));
     }
     Ok(())

@@ -1,29 +1,25 @@
-//! `edgellm inspect MODEL`: what a GGUF file holds and what it will cost in memory.
+//! `edgellm inspect -m MODEL`: what a GGUF file holds and what it will cost in memory.
 
 use super::CliResult;
-use edgellm::gguf::{GgmlType, Gguf, Metadata, OpenOptions};
+use super::common::{ModelArgs, NoThreads};
+use edgellm::gguf::{GgmlType, Gguf, OpenOptions};
+use edgellm::model::HParams;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// Show a model's architecture, sizes, quant types, tokenizer, chat template and the memory it
 /// needs at a given context length.
 #[derive(clap::Args)]
 #[command(after_help = "\
-Memory estimate = weights (the tensor data, mmapped) + KV cache (f16: 2 x layers x ctx x kv heads \
-x head dim x 2 bytes) + activations for a prompt batch and the logits. The file is only mapped, \
-not read, so inspecting a large model is instant.
+Memory estimate = weights (the tensor data, mmapped) + KV cache (2 x layers x ctx x kv heads x \
+head dim x the --kv-type's bytes) + activations for a chunk of --chunk tokens and the logits. \
+The file is only mapped, not read, so inspecting a large model is instant; the metadata is \
+not trusted: a size that would not fit is reported as an overflow.
 
-Example: edgellm inspect smollm2-135m-q4_0.gguf --ctx 4096")]
+Example: edgellm inspect -m smollm2-135m-q4_0.gguf --ctx 4096")]
 pub struct Args {
-    /// Model file (.gguf).
-    model: PathBuf,
-    /// Context length (tokens) for the memory estimate.
-    #[arg(long, default_value_t = 2048)]
-    ctx: u64,
-    /// Tokens per prompt-processing batch, for the activation estimate.
-    #[arg(long, default_value_t = 32)]
-    batch: u64,
+    #[command(flatten)]
+    model: ModelArgs<NoThreads>,
     /// Also list every metadata key (arrays shown by type and length).
     #[arg(long)]
     metadata: bool,
@@ -35,71 +31,63 @@ pub struct Args {
     json: bool,
 }
 
-/// Hyperparameters read from `{arch}.*` keys.
-struct Hparams {
-    n_layer: u64,
-    n_embd: u64,
-    n_head: u64,
-    n_head_kv: u64,
-    head_dim: u64,
-    n_ff: u64,
-    n_vocab: u64,
-    n_ctx_train: Option<u64>,
-}
-
-fn hparams(m: &Metadata, arch: &str, n_vocab: u64) -> edgellm::gguf::Result<Hparams> {
-    let k = |s: &str| format!("{arch}.{s}");
-    let n_embd = m.get_u64(&k("embedding_length"))?;
-    let n_head = m.get_u64(&k("attention.head_count"))?;
-    let head_dim = match m.opt_u64(&k("attention.key_length"))? {
-        Some(d) => d,
-        None => n_embd / n_head.max(1),
-    };
-    Ok(Hparams {
-        n_layer: m.get_u64(&k("block_count"))?,
-        n_embd,
-        n_head,
-        n_head_kv: m.opt_u64(&k("attention.head_count_kv"))?.unwrap_or(n_head),
-        head_dim,
-        n_ff: m.get_u64(&k("feed_forward_length"))?,
-        n_vocab,
-        n_ctx_train: m.opt_u64(&k("context_length"))?,
-    })
-}
-
-/// The parts of the memory estimate, in bytes.
+/// The parts of the memory estimate, in bytes. Checked arithmetic: the counts come from an
+/// untrusted file and the command line.
 struct Memory {
     weights: u64,
     kv: u64,
     activations: u64,
     logits: u64,
+    total: u64,
 }
 
-fn memory(h: &Hparams, weights: u64, ctx: u64, batch: u64) -> Memory {
-    let kv = 2 * h.n_layer * ctx * h.n_head_kv * h.head_dim * 2;
-    let q_dim = h.n_head * h.head_dim;
-    let kv_dim = h.n_head_kv * h.head_dim;
+fn product(xs: &[u64]) -> Option<u64> {
+    xs.iter().try_fold(1u64, |p, &x| p.checked_mul(x))
+}
+
+fn sum(xs: impl IntoIterator<Item = u64>) -> Option<u64> {
+    xs.into_iter().try_fold(0u64, |s, x| s.checked_add(x))
+}
+
+/// `None` if a size overflows 64 bits.
+fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads>) -> Option<Memory> {
+    let u = |v: usize| v as u64;
+    let ctx = u(a.ctx);
+    let kv = product(&[2, u(h.n_layer), ctx, u(h.kv_dim()), u(a.kv_type.bytes())])?;
     // Per token in flight (f32): residual + 2 norm/attention outputs, q, k, v, the two FFN
     // hidden vectors and one row of attention scores per head.
-    let per_token = 3 * h.n_embd + q_dim + 2 * kv_dim + 2 * h.n_ff + h.n_head * ctx;
-    Memory {
+    let per_token = sum([
+        product(&[3, u(h.n_embd)])?,
+        u(h.q_dim()),
+        product(&[2, u(h.kv_dim())])?,
+        product(&[2, u(h.n_ff)])?,
+        product(&[u(h.n_head), ctx])?,
+    ])?;
+    let activations = product(&[4, u(a.chunk), per_token])?;
+    let logits = product(&[4, u(h.n_vocab)])?;
+    Some(Memory {
         weights,
         kv,
-        activations: 4 * batch * per_token,
-        logits: 4 * h.n_vocab,
-    }
+        activations,
+        logits,
+        total: sum([weights, kv, activations, logits])?,
+    })
 }
+
+/// What the estimate says when a size does not fit.
+const OVERFLOW: &str = "overflow (the sizes do not fit in 64 bits)";
 
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
 }
 
 pub fn run(a: Args) -> CliResult {
+    let path = &a.model.model;
     let g = Gguf::open(
-        &a.model,
+        path,
         &OpenOptions::new().hint(edgellm::gguf::AccessHint::Random),
     )?;
-    let in_file = |e: edgellm::gguf::GgufError| e.in_file(&a.model);
+    let in_file = |e: edgellm::gguf::GgufError| e.in_file(path);
     let m = g.metadata();
     let arch = m
         .opt_str("general.architecture")
@@ -107,15 +95,17 @@ pub fn run(a: Args) -> CliResult {
         .unwrap_or("?")
         .to_string();
 
+    // The reader keeps every tensor inside the file and apart from the others, so their sizes
+    // add up to at most the file's; the element counts are checked all the same.
+    let overflow = || format!("{}: tensor sizes overflow 64 bits", path.display());
     let mut by_type: BTreeMap<GgmlType, (u64, u64)> = BTreeMap::new();
     for t in g.tensors() {
         let e = by_type.entry(t.ty).or_default();
         e.0 += 1;
-        e.1 += t.size;
+        e.1 = e.1.checked_add(t.size).ok_or_else(overflow)?;
     }
-    let weights: u64 = g.tensors().iter().map(|t| t.size).sum();
-    let n_params: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
-    let runnable = g.check_all_runnable().err().map(|e| e.to_string());
+    let weights = sum(g.tensors().iter().map(|t| t.size)).ok_or_else(overflow)?;
+    let n_params = sum(g.tensors().iter().map(|t| t.n_elements())).ok_or_else(overflow)?;
 
     let tokens = m.opt_array_str("tokenizer.ggml.tokens").map_err(in_file)?;
     let n_vocab = tokens.map_or(0, |t| t.len() as u64);
@@ -144,8 +134,25 @@ pub fn run(a: Args) -> CliResult {
     let template = m.opt_str("tokenizer.chat_template").map_err(in_file)?;
     let file_type = m.opt_u32("general.file_type").map_err(in_file)?;
 
-    let h = hparams(m, &arch, n_vocab);
-    let mem = h.as_ref().ok().map(|h| memory(h, weights, a.ctx, a.batch));
+    let h = HParams::describe(m, n_vocab as usize).map_err(|e| e.to_string());
+    let mem = h.as_ref().ok().map(|h| memory(h, weights, &a.model));
+    // Shown only when the file says it (HParams assumes 2048 otherwise).
+    let n_ctx_train = h.as_ref().ok().and_then(|h| {
+        m.opt_u64(&format!("{arch}.context_length"))
+            .ok()
+            .flatten()
+            .map(|_| h.n_ctx_train)
+    });
+    // Tensor types first (a file we could run after `edgellm quantize`), then the graph.
+    let runnable = g
+        .check_all_runnable()
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            HParams::from_metadata(m, n_vocab as usize)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .err();
 
     if a.json {
         let types: serde_json::Map<_, _> = by_type
@@ -153,7 +160,7 @@ pub fn run(a: Args) -> CliResult {
             .map(|(t, (n, b))| (t.name().to_string(), json!({"n_tensors": n, "bytes": b})))
             .collect();
         let mut v = json!({
-            "file": a.model,
+            "file": path,
             "file_bytes": g.file_size(),
             "gguf_version": g.version(),
             "architecture": arch,
@@ -175,15 +182,25 @@ pub fn run(a: Args) -> CliResult {
             v["hparams"] = json!({
                 "n_layer": h.n_layer, "n_embd": h.n_embd, "n_head": h.n_head,
                 "n_head_kv": h.n_head_kv, "head_dim": h.head_dim, "n_ff": h.n_ff,
-                "n_ctx_train": h.n_ctx_train,
+                "n_ctx_train": n_ctx_train,
             });
         }
-        if let Some(mm) = &mem {
-            v["memory"] = json!({
-                "ctx": a.ctx, "batch": a.batch, "weights": mm.weights, "kv_cache": mm.kv,
-                "activations": mm.activations, "logits": mm.logits,
-                "total": mm.weights + mm.kv + mm.activations + mm.logits,
-            });
+        let sizes = json!({"ctx": a.model.ctx, "chunk": a.model.chunk,
+                           "kv_type": a.model.kv_type.to_string()});
+        match &mem {
+            Some(Some(mm)) => {
+                v["memory"] = sizes;
+                v["memory"]["weights"] = json!(mm.weights);
+                v["memory"]["kv_cache"] = json!(mm.kv);
+                v["memory"]["activations"] = json!(mm.activations);
+                v["memory"]["logits"] = json!(mm.logits);
+                v["memory"]["total"] = json!(mm.total);
+            }
+            Some(None) => {
+                v["memory"] = sizes;
+                v["memory"]["error"] = json!(OVERFLOW);
+            }
+            None => {}
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -191,7 +208,7 @@ pub fn run(a: Args) -> CliResult {
 
     println!(
         "file:          {} ({}, GGUF v{})",
-        a.model.display(),
+        path.display(),
         mib(g.file_size()),
         g.version()
     );
@@ -212,7 +229,7 @@ pub fn run(a: Args) -> CliResult {
                 "shape:         {} layers, embd {}, heads {} (kv {}), head dim {}, ffn {}, vocab {}",
                 h.n_layer, h.n_embd, h.n_head, h.n_head_kv, h.head_dim, h.n_ff, h.n_vocab
             );
-            if let Some(c) = h.n_ctx_train {
+            if let Some(c) = n_ctx_train {
                 println!("train context: {c}");
             }
         }
@@ -246,34 +263,34 @@ pub fn run(a: Args) -> CliResult {
         Some(t) => println!("chat template: present ({} bytes)", t.len()),
         None => println!("chat template: absent"),
     }
-    if let (Some(mm), Ok(h)) = (&mem, &h) {
-        println!("memory at ctx {} (batch {}):", a.ctx, a.batch);
+    let (ctx, chunk, kv_type) = (a.model.ctx, a.model.chunk, a.model.kv_type);
+    if let (Some(None), Ok(_)) = (&mem, &h) {
+        println!("memory at ctx {ctx} (chunk {chunk}): {OVERFLOW}");
+    }
+    if let (Some(Some(mm)), Ok(h)) = (&mem, &h) {
+        println!("memory at ctx {ctx} (chunk {chunk}):");
         println!(
             "  weights      {:>12}  (tensor data, mmapped: shared and evictable unless --mlock)",
             mib(mm.weights)
         );
         println!(
-            "  KV cache     {:>12}  (f16: 2 x {} layers x {} ctx x {} kv heads x {} head dim x 2 B)",
+            "  KV cache     {:>12}  ({kv_type}: 2 x {} layers x {ctx} ctx x {} kv heads x {} head dim x {} B)",
             mib(mm.kv),
             h.n_layer,
-            a.ctx,
             h.n_head_kv,
-            h.head_dim
+            h.head_dim,
+            kv_type.bytes()
         );
         println!(
-            "  activations  {:>12}  (f32, {} tokens in flight, incl. attention scores)",
+            "  activations  {:>12}  (f32, {chunk} tokens in flight, incl. attention scores)",
             mib(mm.activations),
-            a.batch
         );
         println!(
             "  logits       {:>12}  (f32 x {} vocab)",
             mib(mm.logits),
             h.n_vocab
         );
-        println!(
-            "  total        {:>12}",
-            mib(mm.weights + mm.kv + mm.activations + mm.logits)
-        );
+        println!("  total        {:>12}", mib(mm.total));
     }
     if a.metadata {
         println!("metadata ({} keys):", m.len());

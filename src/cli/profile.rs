@@ -1,7 +1,8 @@
 //! `edgellm bench --profile`: one profiled pp and tg pass per thread count, shown as a table
 //! per phase, a "profile" JSON field, and (`--svg`) a bar chart readable without a legend.
 
-use edgellm::engine::{Engine, Op, OpStat, Profile, Session};
+use edgellm::engine::{Engine, Session};
+use edgellm::runtime::{Op, OpStat, Profile};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
 use std::time::Instant;

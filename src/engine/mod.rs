@@ -2,20 +2,18 @@
 //! own their KV cache, and the generate loop.
 
 mod generate;
-pub mod pool;
-pub mod profile;
 pub mod sampler;
 pub mod store;
 
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
-pub use profile::{Op, OpStat, Profile};
 pub use sampler::{Sampler, SamplingError, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::model::forward::{Arena, forward};
+use crate::runtime::pool::{self, Pool};
+use crate::runtime::profile::{Op, Profile};
 use kernels_neon::{KernelError, Kernels};
-use pool::Pool;
 use std::sync::Arc;
 
 /// Errors of the engine.

@@ -93,7 +93,8 @@ impl KvError {
 /// What a snapshot's K/V rows belong to: they fit only a cache of exactly this shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Geometry {
-    /// [`crate::model::Model::fingerprint`] of the model that computed the rows.
+    /// Fingerprint of the model that computed the rows (`Model::fingerprint`, a layer above:
+    /// to the cache it is 32 opaque bytes).
     pub fingerprint: [u8; 32],
     pub n_layer: u32,
     pub kv_dim: u32,

@@ -19,32 +19,46 @@
 
 use super::matrix::{ActKind, ActScratch, Mat, matmul, transpose_into};
 use super::{HParams, Model, RopeType};
-use crate::engine::pool::Pool;
-use crate::engine::profile::{Op, Profile};
 use crate::kv::KvCache;
+use crate::runtime::{Op, Pool, Profile};
 use kernels_neon::Kernels;
 
-/// Every activation buffer of the forward pass, sized at load for `chunk` tokens.
+/// Every activation buffer of the forward pass, sized at load for `chunk` tokens. Shapes are
+/// for a chunk of T ≤ `chunk` tokens, row-major, `d` = n_embd, `qd` = n_head·head_dim,
+/// `kvd` = n_head_kv·head_dim, `ff` = n_ff; only the first T rows are used.
 pub struct Arena {
+    /// Tokens per forward pass the buffers hold.
     pub chunk: usize,
+    /// `[chunk][d]` the residual stream.
     x: Vec<f32>,
+    /// `[chunk][d]` the normed residual going into a block, then the block's output before it
+    /// is added to `x`.
     xn: Vec<f32>,
+    /// `[chunk][qd]` queries, heads side by side (rotated in place).
     q: Vec<f32>,
+    /// `[chunk][kvd]` this chunk's keys (rotated in place), before they go to the cache.
     k: Vec<f32>,
+    /// `[chunk][kvd]` this chunk's values, likewise.
     v: Vec<f32>,
+    /// `[chunk][qd]` attention output, heads side by side.
     att: Vec<f32>,
+    /// `[chunk][ff]` FFN gate projection.
     gate: Vec<f32>,
+    /// `[chunk][ff]` FFN up projection, then `silu(gate) · up`.
     up: Vec<f32>,
-    /// `[row][tok]` output of a batched product, before transposing.
+    /// `[row][tok]` output of a batched product, before transposing (rows ≤ max(d, qd, ff));
+    /// when decoding, one token's fused `[qd + 2·kvd]` q|k|v or `[2·ff]` gate|up product.
     tmp: Vec<f32>,
-    /// Attention scores: per thread, one row of `n_ctx` per query head of a KV head's group.
+    /// `[thread][group][n_ctx]` attention scores: per thread, one row of positions per query
+    /// head of the KV head's group it is on.
     scores: Vec<f32>,
+    /// `[chunk][max(d, qd, ff) / 32]` Q8_0 and Q8_1 blocks: a product's input quantized.
     acts: ActScratch,
-    /// `(cos, sin)` for every position and rotated pair: `[n_ctx][n_rot]`.
+    /// `[n_ctx][n_rot / 2][cos, sin]` the rotation of every position and rotated pair.
     rope: Vec<f32>,
-    /// Logits of the last token of the last chunk.
+    /// `[n_vocab]` logits of the last token of the last chunk.
     pub logits: Vec<f32>,
-    /// Per-op times (a fixed table: turning it on allocates nothing).
+    /// `[Op]` per-op times (a fixed table: turning it on allocates nothing).
     pub prof: Profile,
 }
 
@@ -126,6 +140,8 @@ const KV_PREFETCH_BYTES: usize = 2 << 10;
 /// Runs the layers over `tokens` at positions `pos0..`; writes the K/V rows into `kv` and, if
 /// `want_logits`, the last token's logits into `arena.logits`. The caller checks that the
 /// tokens are in the vocabulary and fit in the chunk and the context.
+///
+/// Each step is one op of the profile: `prof.timed(op, || step)`.
 #[allow(clippy::too_many_arguments)] // the forward pass's inputs: no struct would be clearer
 pub fn forward(
     k: &Kernels,
@@ -141,48 +157,54 @@ pub fn forward(
     let n = tokens.len();
     debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
     let (d, qd, kvd, hd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.n_ff);
-
+    let (nd, nqd, nff) = (n * d, n * qd, n * ff);
+    let eps = hp.rms_eps;
+    let rope = match hp.rope_type {
+        RopeType::Norm => k.rope_norm,
+        RopeType::Neox => k.rope_neox,
+    };
     // The packed weights when this path has products over them (the engine packed the model).
     let pk = k.packed.and(model.packed());
-    let t0 = ar.prof.start();
-    for (t, &tok) in tokens.iter().enumerate() {
-        model
-            .tok_embd_in(pk)
-            .row_f32(tok as usize, &mut ar.x[t * d..(t + 1) * d]);
-    }
-    ar.prof.stop(Op::Embed, t0);
+    let prof = &mut ar.prof;
+
+    // x = embed(tokens)
+    prof.timed(Op::Embed, || {
+        let embd = model.tok_embd_in(pk);
+        for (&tok, x) in tokens.iter().zip(ar.x.chunks_exact_mut(d)) {
+            embd.row_f32(tok as usize, x);
+        }
+    });
 
     for l in 0..hp.n_layer {
         let lw = model.layer_in(l, pk);
         if n == 1 {
             kv.prefetch(l, pos0, KV_PREFETCH_BYTES);
         }
-        let t0 = ar.prof.start();
-        for t in 0..n {
-            (k.rms_norm)(
-                &ar.x[t * d..(t + 1) * d],
-                lw.attn_norm,
-                hp.rms_eps,
-                &mut ar.xn[t * d..(t + 1) * d],
-            );
-        }
-        ar.prof.stop(Op::RmsNorm, t0);
-        {
-            let t0 = ar.prof.start();
-            let a = ar
-                .acts
-                .quantize(k, &ar.xn[..n * d], n, need(&[&lw.wq, &lw.wk, &lw.wv]));
-            ar.prof.stop(Op::Quantize, t0);
-            let parts = [
-                (Op::AttnQ, &lw.wq, &mut ar.q, lw.bq),
-                (Op::AttnK, &lw.wk, &mut ar.k, lw.bk),
-                (Op::AttnV, &lw.wv, &mut ar.v, lw.bv),
-            ];
-            match lw.qkv.filter(|_| n == 1) {
-                // Decoding: one product over q, k and v packed side by side, one pass over
-                // their weights (and one hand-off between threads instead of three).
-                Some(fused) => {
-                    let t0 = ar.prof.start();
+
+        // xn = rmsnorm(x) · attn_norm
+        prof.timed(Op::RmsNorm, || {
+            rms_norm_rows(k, &ar.x[..nd], lw.attn_norm, eps, &mut ar.xn[..nd]);
+        });
+        // q, k, v = xn·Wq, xn·Wk, xn·Wv (+ bias)
+        let a = prof.timed(Op::Quantize, || {
+            ar.acts
+                .quantize(k, &ar.xn[..nd], n, need(&[&lw.wq, &lw.wk, &lw.wv]))
+        });
+        let parts = [
+            (Op::AttnQ, &lw.wq, &mut ar.q, lw.bq),
+            (Op::AttnK, &lw.wk, &mut ar.k, lw.bk),
+            (Op::AttnV, &lw.wv, &mut ar.v, lw.bv),
+        ];
+        match lw.qkv.filter(|_| n == 1) {
+            // Decoding: one product over q, k and v packed side by side, one pass over
+            // their weights (and one hand-off between threads instead of three).
+            Some(fused) => {
+                let bytes = [
+                    (Op::AttnQ, lw.wq.bytes()),
+                    (Op::AttnK, lw.wk.bytes()),
+                    (Op::AttnV, lw.wv.bytes()),
+                ];
+                prof.timed_fused(&bytes, || {
                     matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
                     let mut at = 0;
                     for (_, m, out, bias) in parts {
@@ -192,156 +214,121 @@ pub fn forward(
                         }
                         at += m.rows;
                     }
-                    let bytes = |m: &Mat<'_>| m.bytes();
-                    ar.prof.stop_fused(
-                        &[
-                            (Op::AttnQ, bytes(&lw.wq)),
-                            (Op::AttnK, bytes(&lw.wk)),
-                            (Op::AttnV, bytes(&lw.wv)),
-                        ],
-                        t0,
-                    );
-                }
-                None => {
-                    for (op, m, out, bias) in parts {
-                        // The bias add is counted with its product (it is the product's
-                        // epilogue).
-                        let t0 = ar.prof.start();
+                });
+            }
+            None => {
+                for (op, m, out, bias) in parts {
+                    // The bias add is counted with its product (it is the product's epilogue).
+                    prof.timed_bytes(op, m.bytes(), || {
                         mat_into(k, pool, m, &a, &mut ar.tmp, out);
                         if let Some(b) = bias {
                             for row in out[..n * m.rows].chunks_exact_mut(m.rows) {
                                 (k.add)(row, b);
                             }
                         }
-                        ar.prof.stop_bytes(op, t0, m.bytes());
-                    }
+                    });
                 }
             }
         }
-        let n_rot = hp.n_rot;
-        let t0 = ar.prof.start();
-        for t in 0..n {
-            let cs = &ar.rope[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
-            let rope = match hp.rope_type {
-                RopeType::Norm => k.rope_norm,
-                RopeType::Neox => k.rope_neox,
-            };
-            rope(&mut ar.q[t * qd..(t + 1) * qd], hd, cs);
-            rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
-        }
-        ar.prof.stop(Op::Rope, t0);
-        // A loop of its own (rather than fused with rope) so that its time is measured apart.
-        let t0 = ar.prof.start();
-        for t in 0..n {
-            kv.store(
-                k,
-                l,
-                pos0 + t,
-                &ar.k[t * kvd..(t + 1) * kvd],
-                &ar.v[t * kvd..(t + 1) * kvd],
-            );
-        }
-        ar.prof.stop(Op::KvStore, t0);
-
-        let t0 = ar.prof.start();
-        attention(
-            k,
-            pool,
-            hp,
-            kv,
-            l,
-            &ar.q[..n * qd],
-            pos0,
-            &mut ar.att[..n * qd],
-            &mut ar.scores,
-        );
-        ar.prof.stop(Op::Attention, t0);
-
-        {
-            let t0 = ar.prof.start();
-            let a = ar.acts.quantize(k, &ar.att[..n * qd], n, need(&[&lw.wo]));
-            ar.prof.stop(Op::Quantize, t0);
-            let t0 = ar.prof.start();
+        // q, k = rope(q, k) at positions pos0..pos0+T
+        prof.timed(Op::Rope, || {
+            let n_rot = hp.n_rot;
+            for t in 0..n {
+                let cs = &ar.rope[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
+                rope(&mut ar.q[t * qd..(t + 1) * qd], hd, cs);
+                rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
+            }
+        });
+        // cache[l][pos0 + t] = k[t], v[t]: a loop of its own (rather than fused with rope) so
+        // that its time is measured apart.
+        prof.timed(Op::KvStore, || {
+            for t in 0..n {
+                let (kt, vt) = (&ar.k[t * kvd..(t + 1) * kvd], &ar.v[t * kvd..(t + 1) * kvd]);
+                kv.store(k, l, pos0 + t, kt, vt);
+            }
+        });
+        // att[t][h] = softmax(q[t][h]·K[0..=pos]ᵀ / √hd) · V
+        prof.timed(Op::Attention, || {
+            let (q, att) = (&ar.q[..nqd], &mut ar.att[..nqd]);
+            attention(k, pool, hp, kv, l, q, pos0, att, &mut ar.scores);
+        });
+        // x += att·Wo
+        let a = prof.timed(Op::Quantize, || {
+            ar.acts.quantize(k, &ar.att[..nqd], n, need(&[&lw.wo]))
+        });
+        prof.timed_bytes(Op::AttnOutput, lw.wo.bytes(), || {
             mat_into(k, pool, &lw.wo, &a, &mut ar.tmp, &mut ar.xn);
-            ar.prof.stop_bytes(Op::AttnOutput, t0, lw.wo.bytes());
-        }
-        let t0 = ar.prof.start();
-        (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
-        ar.prof.stop(Op::Residual, t0);
+        });
+        prof.timed(Op::Residual, || (k.add)(&mut ar.x[..nd], &ar.xn[..nd]));
 
-        let t0 = ar.prof.start();
-        for t in 0..n {
-            (k.rms_norm)(
-                &ar.x[t * d..(t + 1) * d],
-                lw.ffn_norm,
-                hp.rms_eps,
-                &mut ar.xn[t * d..(t + 1) * d],
-            );
-        }
-        ar.prof.stop(Op::RmsNorm, t0);
-        {
-            let t0 = ar.prof.start();
-            let a = ar
-                .acts
-                .quantize(k, &ar.xn[..n * d], n, need(&[&lw.w_gate, &lw.w_up]));
-            ar.prof.stop(Op::Quantize, t0);
-            match lw.gate_up.filter(|_| n == 1) {
-                // Decoding: gate and up in one product, as q/k/v above; SwiGLU reads both
-                // halves where the product left them.
-                Some(fused) => {
-                    let t0 = ar.prof.start();
+        // xn = rmsnorm(x) · ffn_norm
+        prof.timed(Op::RmsNorm, || {
+            rms_norm_rows(k, &ar.x[..nd], lw.ffn_norm, eps, &mut ar.xn[..nd]);
+        });
+        // up = silu(xn·Wgate) ⊙ xn·Wup
+        let a = prof.timed(Op::Quantize, || {
+            ar.acts
+                .quantize(k, &ar.xn[..nd], n, need(&[&lw.w_gate, &lw.w_up]))
+        });
+        match lw.gate_up.filter(|_| n == 1) {
+            // Decoding: gate and up in one product, as q/k/v above; SwiGLU reads both
+            // halves where the product left them.
+            Some(fused) => {
+                let bytes = [
+                    (Op::FfnGate, lw.w_gate.bytes()),
+                    (Op::FfnUp, lw.w_up.bytes()),
+                ];
+                prof.timed_fused(&bytes, || {
                     matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
-                    ar.prof.stop_fused(
-                        &[
-                            (Op::FfnGate, lw.w_gate.bytes()),
-                            (Op::FfnUp, lw.w_up.bytes()),
-                        ],
-                        t0,
-                    );
-                    let t0 = ar.prof.start();
+                });
+                prof.timed(Op::SiluMul, || {
                     let (gate, up) = ar.tmp[..2 * ff].split_at(ff);
                     (k.silu_mul)(gate, up, &mut ar.up[..ff]);
-                    ar.prof.stop(Op::SiluMul, t0);
-                }
-                None => {
-                    let t0 = ar.prof.start();
+                });
+            }
+            None => {
+                prof.timed_bytes(Op::FfnGate, lw.w_gate.bytes(), || {
                     mat_into(k, pool, &lw.w_gate, &a, &mut ar.tmp, &mut ar.gate);
-                    ar.prof.stop_bytes(Op::FfnGate, t0, lw.w_gate.bytes());
-                    let t0 = ar.prof.start();
+                });
+                prof.timed_bytes(Op::FfnUp, lw.w_up.bytes(), || {
                     mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
-                    ar.prof.stop_bytes(Op::FfnUp, t0, lw.w_up.bytes());
-                    let t0 = ar.prof.start();
-                    silu_mul_inplace(k, &ar.gate[..n * ff], &mut ar.up[..n * ff]);
-                    ar.prof.stop(Op::SiluMul, t0);
-                }
+                });
+                prof.timed(Op::SiluMul, || {
+                    silu_mul_inplace(k, &ar.gate[..nff], &mut ar.up[..nff]);
+                });
             }
         }
-        {
-            let nf = n * ff;
-            let t0 = ar.prof.start();
-            let a = ar.acts.quantize(k, &ar.up[..nf], n, need(&[&lw.w_down]));
-            ar.prof.stop(Op::Quantize, t0);
-            let t0 = ar.prof.start();
+        // x += up·Wdown
+        let a = prof.timed(Op::Quantize, || {
+            ar.acts.quantize(k, &ar.up[..nff], n, need(&[&lw.w_down]))
+        });
+        prof.timed_bytes(Op::FfnDown, lw.w_down.bytes(), || {
             mat_into(k, pool, &lw.w_down, &a, &mut ar.tmp, &mut ar.xn);
-            ar.prof.stop_bytes(Op::FfnDown, t0, lw.w_down.bytes());
-        }
-        let t0 = ar.prof.start();
-        (k.add)(&mut ar.x[..n * d], &ar.xn[..n * d]);
-        ar.prof.stop(Op::Residual, t0);
+        });
+        prof.timed(Op::Residual, || (k.add)(&mut ar.x[..nd], &ar.xn[..nd]));
     }
 
     if want_logits {
-        let t0 = ar.prof.start();
-        let last = &ar.x[(n - 1) * d..n * d];
-        (k.rms_norm)(last, model.output_norm(), hp.rms_eps, &mut ar.xn[..d]);
-        ar.prof.stop(Op::RmsNorm, t0);
+        // logits = rmsnorm(x[T-1]) · output_norm · Woutput
         let output = model.output_in(pk);
-        let t0 = ar.prof.start();
-        let a = ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]));
-        ar.prof.stop(Op::Quantize, t0);
-        let t0 = ar.prof.start();
-        matmul(k, pool, &output, &a, &mut ar.logits);
-        ar.prof.stop_bytes(Op::Output, t0, output.bytes());
+        prof.timed(Op::RmsNorm, || {
+            let last = &ar.x[(n - 1) * d..nd];
+            rms_norm_rows(k, last, model.output_norm(), eps, &mut ar.xn[..d]);
+        });
+        let a = prof.timed(Op::Quantize, || {
+            ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]))
+        });
+        prof.timed_bytes(Op::Output, output.bytes(), || {
+            matmul(k, pool, &output, &a, &mut ar.logits);
+        });
+    }
+}
+
+/// `out[t] = rmsnorm(x[t]) · w` for every row `t` of `x` (`[T][d]`, `d` = `w.len()`).
+fn rms_norm_rows(k: &Kernels, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xt, ot) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        (k.rms_norm)(xt, w, eps, ot);
     }
 }
 

@@ -41,6 +41,9 @@ const ARCHES: [(&str, RopeType); 3] = [
     ("mistral", RopeType::Norm),
 ];
 
+/// Most tokens in a vocabulary.
+const MAX_VOCAB: usize = 1 << 22;
+
 fn cap(key: &str, v: usize, max: usize) -> Result<usize, ModelError> {
     if v == 0 || v > max {
         return Err(ModelError::BadHParam {
@@ -64,12 +67,28 @@ impl HParams {
         self.n_head / self.n_head_kv
     }
 
-    /// Reads and checks the hyper-parameters; `n_vocab` is the length of the token list.
+    /// Reads and checks the hyper-parameters of a model we run; `n_vocab` is the length of
+    /// the token list.
     pub fn from_metadata(md: &Metadata, n_vocab: usize) -> Result<HParams, ModelError> {
+        let arch = md.architecture()?;
+        if !ARCHES.iter().any(|(a, _)| *a == arch) {
+            return Err(ModelError::UnsupportedArch(arch.to_string()));
+        }
+        let hp = HParams::describe(md, n_vocab)?;
+        cap("tokenizer.ggml.tokens", hp.n_vocab, MAX_VOCAB)?;
+        Ok(hp)
+    }
+
+    /// As [`HParams::from_metadata`], to describe a model that may not run here (`inspect`):
+    /// an architecture we do not run is read with the llama keys under its own prefix (RoPE
+    /// type: llama's), and the token list may be empty (a file without a tokenizer). Every
+    /// count is still checked against the same caps, so sizes computed from them are bounded.
+    pub fn describe(md: &Metadata, n_vocab: usize) -> Result<HParams, ModelError> {
         let arch = md.architecture()?.to_string();
-        let Some(&(_, rope_type)) = ARCHES.iter().find(|(a, _)| *a == arch) else {
-            return Err(ModelError::UnsupportedArch(arch));
-        };
+        let rope_type = ARCHES
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map_or(RopeType::Norm, |&(_, r)| r);
         let key = |k: &str| format!("{arch}.{k}");
         let get =
             |k: &str| -> Result<usize, ModelError> { md.get_usize(&key(k)).map_err(Into::into) };
@@ -141,7 +160,9 @@ impl HParams {
                 });
             }
         }
-        let n_vocab = cap("tokenizer.ggml.tokens", n_vocab, 1 << 22)?;
+        if n_vocab != 0 {
+            cap("tokenizer.ggml.tokens", n_vocab, MAX_VOCAB)?;
+        }
         Ok(HParams {
             arch,
             n_layer,

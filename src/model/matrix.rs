@@ -1,7 +1,7 @@
 //! Typed, zero-copy views of weight matrices and the products the forward pass needs.
 
-use crate::engine::pool::Pool;
 use crate::gguf::TensorView;
+use crate::runtime::Pool;
 use kernels_neon::dispatch::PACKED_REFERENCE;
 use kernels_neon::{
     BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Kernels,

@@ -13,6 +13,7 @@ use matrix::Mat;
 pub use packed::{HUGEPAGES_ENV, Packed, advise_huge_pages};
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
+use crate::kv::{Geometry, KvType};
 use crate::tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 use std::path::Path;
 
@@ -121,6 +122,20 @@ pub struct Model {
 pub struct LoadOptions {
     /// Lock the weights in RAM (`mlock`): no page-out mid-answer.
     pub mlock: bool,
+}
+
+// Here rather than in `kv`: the cache sits below the model and knows nothing of it.
+impl Geometry {
+    /// The shape of `model`'s cache with `n_ctx` positions of `dtype`.
+    pub fn of(model: &Model, n_ctx: usize, dtype: KvType) -> Geometry {
+        Geometry {
+            fingerprint: model.fingerprint(),
+            n_layer: model.hp.n_layer as u32,
+            kv_dim: model.hp.kv_dim() as u32,
+            dtype,
+            n_ctx: n_ctx as u32,
+        }
+    }
 }
 
 impl Model {

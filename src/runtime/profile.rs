@@ -172,6 +172,33 @@ impl Profile {
         }
     }
 
+    /// Runs `f`, timed as `op`: what a timed op of the forward pass is written as, so that
+    /// the pass reads as its math. Generic, so nothing is boxed or allocated; when profiling
+    /// is off it costs the branch of [`Profile::start`].
+    #[inline]
+    pub fn timed<R>(&mut self, op: Op, f: impl FnOnce() -> R) -> R {
+        self.timed_bytes(op, 0, f)
+    }
+
+    /// As [`Profile::timed`], for a product that read `bytes` of weights.
+    #[inline]
+    pub fn timed_bytes<R>(&mut self, op: Op, bytes: usize, f: impl FnOnce() -> R) -> R {
+        let t0 = self.start();
+        let r = f();
+        self.stop_bytes(op, t0, bytes);
+        r
+    }
+
+    /// As [`Profile::timed`], for one product over several fused tensors
+    /// ([`Profile::stop_fused`]).
+    #[inline]
+    pub fn timed_fused<R>(&mut self, parts: &[(Op, usize)], f: impl FnOnce() -> R) -> R {
+        let t0 = self.start();
+        let r = f();
+        self.stop_fused(parts, t0);
+        r
+    }
+
     /// Records an op timed by the caller outside the forward pass (sampling): it counts
     /// towards the wall time too, so the ops stay a part of the wall.
     pub fn record_outside(&mut self, op: Op, ns: u64) {
@@ -227,6 +254,15 @@ mod tests {
         assert_eq!(p.get(Op::FfnUp).bytes, 100);
         assert_eq!(p.get(Op::Sample).ns, 7);
         assert_eq!(p.wall_ns, 7);
+        assert_eq!(
+            p.timed_bytes(Op::FfnUp, 50, || 3),
+            3,
+            "returns what it timed"
+        );
+        assert_eq!(p.get(Op::FfnUp).calls, 2);
+        assert_eq!(p.get(Op::FfnUp).bytes, 150);
+        p.timed_fused(&[(Op::AttnQ, 1), (Op::AttnK, 3)], || ());
+        assert_eq!((p.get(Op::AttnQ).calls, p.get(Op::AttnK).bytes), (1, 3));
         p.reset();
         assert!(p.enabled());
         assert_eq!(p.get(Op::FfnUp), OpStat::default());

@@ -1,0 +1,92 @@
+//! The arrows of `src/lib.rs` hold: no module of the library names a layer above its own
+//! (`crate::engine` inside `model`, `edgellm::model` inside `kv`, …). A text scan, so a new
+//! upward `use` fails here before a reviewer has to spot it.
+
+use std::path::Path;
+
+/// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
+/// cannot depend on us, so it is not listed).
+const LAYERS: [(&str, &[&str]); 10] = [
+    ("gguf", &[]),
+    ("kv", &["gguf"]),
+    ("tokenizer", &["gguf"]),
+    ("quantize", &["gguf"]),
+    ("runtime", &[]),
+    ("model", &["gguf", "kv", "tokenizer", "runtime"]),
+    ("engine", &["gguf", "kv", "tokenizer", "runtime", "model"]),
+    (
+        "service",
+        &["gguf", "kv", "tokenizer", "runtime", "model", "engine"],
+    ),
+    (
+        "mqtt",
+        &[
+            "gguf",
+            "kv",
+            "tokenizer",
+            "runtime",
+            "model",
+            "engine",
+            "service",
+        ],
+    ),
+    (
+        "cli",
+        &[
+            "gguf",
+            "kv",
+            "tokenizer",
+            "quantize",
+            "runtime",
+            "model",
+            "engine",
+            "service",
+            "mqtt",
+        ],
+    ),
+];
+
+fn rust_files(p: &Path, out: &mut Vec<std::path::PathBuf>) {
+    if p.is_dir() {
+        for e in std::fs::read_dir(p).unwrap() {
+            rust_files(&e.unwrap().path(), out);
+        }
+    } else if p.is_file() && p.extension().is_some_and(|e| e == "rs") {
+        out.push(p.to_path_buf());
+    }
+}
+
+/// Whether `line` names module `m` of ours as a path (`crate::m::…`, `edgellm::m;`), not as a
+/// prefix of another name (`crate::model` is not `crate::mod`).
+fn names(line: &str, m: &str) -> bool {
+    ["crate::", "edgellm::"].iter().any(|root| {
+        let path = format!("{root}{m}");
+        line.match_indices(&path).any(|(at, _)| {
+            let next = line[at + path.len()..].chars().next();
+            !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    })
+}
+
+#[test]
+fn no_module_uses_a_layer_above_its_own() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut bad = Vec::new();
+    for (layer, may_use) in LAYERS {
+        let mut files = Vec::new();
+        rust_files(&src.join(layer), &mut files);
+        rust_files(&src.join(format!("{layer}.rs")), &mut files);
+        assert!(!files.is_empty(), "layer {layer} has no source under src/");
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                for (other, _) in LAYERS {
+                    if other != layer && names(line, other) && !may_use.contains(&other) {
+                        bad.push(format!("{}:{}: {layer} uses {other}", f.display(), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "arrows pointing up:\n{}", bad.join("\n"));
+}
