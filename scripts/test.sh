@@ -53,6 +53,9 @@ echo "rust $msrv: the workspace checks (locked)"
 step "aarch64 tests under qemu (cortex-a53, cortex-a76, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
 scripts/test-aarch64.sh -p edgellm --test engine_synth --test no_alloc
+# cortex-a53 has no packed products (engine_packed's by-hand packing is run natively already).
+step "aarch64: the packed dotprod and i8mm engines give the file layout's bits (qemu cortex-a76, max)"
+EDGELLM_QEMU_CPUS="cortex-a76 max" scripts/test-aarch64.sh -p edgellm --test engine_packed
 step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
     scripts/test-aarch64.sh -p edgellm --test session_store another_architecture

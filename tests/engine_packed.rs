@@ -69,40 +69,122 @@ fn specs() -> Vec<SynthSpec> {
 /// Each path with packed products, and a path of the same arithmetic over the file's layout:
 /// `avx512vnni`'s integer sums are `avx2`'s bits, and every ARM path computes the pair form of
 /// `neon/dot.rs` (base NEON has no packed products).
-fn pairs() -> Vec<(&'static Kernels, &'static Kernels)> {
-    [
-        (Path::Avx512Vnni, Path::Avx2),
-        (Path::Dotprod, Path::Neon),
-        (Path::I8mm, Path::Neon),
-    ]
-    .into_iter()
-    .filter_map(|(p, q)| Some((Kernels::for_path(p).ok()?, Kernels::for_path(q).ok()?)))
-    .collect()
+const PAIRS: [(Path, Path); 3] = [
+    (Path::Avx512Vnni, Path::Avx2),
+    (Path::Dotprod, Path::Neon),
+    (Path::I8mm, Path::Neon),
+];
+
+/// The paths `EDGELLM_EXPECT_PATHS` (set by `scripts/test.sh` and `scripts/test-aarch64.sh`
+/// per CPU) says this CPU has.
+fn expected_paths() -> Vec<Path> {
+    let list = std::env::var("EDGELLM_EXPECT_PATHS").unwrap_or_default();
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| Path::parse(s).expect("EDGELLM_EXPECT_PATHS names a known path"))
+        .collect()
 }
 
+/// The pairs of [`PAIRS`] this CPU runs. A packing path that CI expects here and that is
+/// missing fails every test (as `kernels_neon/tests/dispatch_walk.rs` does), so that a CPU
+/// model that lost a feature cannot turn these tests into the file layout's alone.
+fn pairs() -> Vec<(&'static Kernels, &'static Kernels)> {
+    let expected = expected_paths();
+    PAIRS
+        .into_iter()
+        .filter_map(|(p, q)| match Kernels::for_path(p) {
+            Ok(packing) => {
+                let plain = Kernels::for_path(q)
+                    .unwrap_or_else(|e| panic!("{p} is available but its plain twin is not: {e}"));
+                assert!(
+                    packing.packed.is_some() && plain.packed.is_none(),
+                    "{p} vs {q}"
+                );
+                Some((packing, plain))
+            }
+            Err(e) => {
+                assert!(
+                    !expected.contains(&p),
+                    "EDGELLM_EXPECT_PATHS lists {p}, but {e}"
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// The path with packed products these tests run, if this CPU has one; else `None`, and the
+/// tests pack the model themselves (packing does not depend on the path) and check what the
+/// file-layout paths of this CPU do with it.
+fn packing_path() -> Option<&'static Kernels> {
+    pairs().first().map(|&(packing, _)| packing)
+}
+
+/// Packs `model` as an engine on `packing` does (its engine's own call), or by hand.
+fn pack(model: &Arc<Model>, packing: Option<&'static Kernels>) {
+    match packing {
+        Some(k) => drop(logits(model, k, 2)),
+        None => assert!(model.pack_within(2, None), "packing by hand packed nothing"),
+    }
+    assert!(
+        model.packed().is_some_and(|p| p.stats().0 > 0),
+        "model not packed"
+    );
+}
+
+/// Every path of this CPU with packed products is one of [`PAIRS`], so none goes unchecked;
+/// each path CI expects here is available.
+#[test]
+fn every_packing_path_of_this_cpu_is_paired_and_expected_ones_are_here() {
+    for p in Path::available() {
+        let k = Kernels::for_path(p).unwrap();
+        let paired = PAIRS.iter().any(|&(q, _)| q == p);
+        assert_eq!(k.packed.is_some(), paired, "{p}: packed products vs PAIRS");
+    }
+    // `pairs` fails where an expected path is missing.
+    let pairs = pairs();
+    eprintln!(
+        "engine_packed: packing paths here: [{}] (expected: {})",
+        pairs
+            .iter()
+            .map(|(k, _)| k.name())
+            .collect::<Vec<_>>()
+            .join(" "),
+        std::env::var("EDGELLM_EXPECT_PATHS").unwrap_or_else(|_| "unset".into())
+    );
+}
+
+/// On each packing path, for every synthetic model: the logits of its engine (packing the
+/// model) are its plain twin's, for 1-3 threads. Where this CPU has no packing path, the model
+/// is packed by hand. Either way: every layer matrix is packed (and the output when its rows
+/// are whole groups of 8), a plain engine leaves the model unpacked, and still gives its bits
+/// on the packed model.
 #[test]
 fn packed_weights_give_the_bits_of_the_files_layout() {
-    let pairs = pairs();
-    if pairs.is_empty() {
-        eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
-        return;
-    }
-    for (packing, plain) in pairs {
-        assert!(packing.packed.is_some() && plain.packed.is_none());
+    let runs: Vec<(Option<&'static Kernels>, &'static Kernels)> = match pairs() {
+        p if p.is_empty() => vec![(None, Kernels::for_path(Path::best()).unwrap())],
+        p => p.into_iter().map(|(a, b)| (Some(a), b)).collect(),
+    };
+    for (packing, plain) in runs {
+        let packing_name = packing.map_or("packed by hand", |k| k.name());
         for spec in specs() {
-            let what = format!("{} vs {} {spec:?}", packing.name(), plain.name());
+            let what = format!("{packing_name} vs {} {spec:?}", plain.name());
             let model = Arc::new(synth_model(&spec));
             let want = logits(&model, plain, 1);
             assert!(
                 model.packed().is_none(),
                 "{what}: the plain engine packed the model"
             );
-            for threads in [1, 2, 3] {
-                let got = logits(&model, packing, threads);
-                same_bits(&format!("{what} {threads} threads"), &got, &want);
+            match packing {
+                Some(packing) => {
+                    for threads in [1, 2, 3] {
+                        let got = logits(&model, packing, threads);
+                        same_bits(&format!("{what} {threads} threads"), &got, &want);
+                    }
+                }
+                None => pack(&model, None),
             }
-            // Every layer matrix is packed, and the output when its rows are whole groups of 8.
-            let (n, _) = model.packed().expect("the packing engine packs").stats();
+            let (n, _) = model.packed().expect("the model is packed").stats();
             let per_layer = 7 * model.hp.n_layer;
             let output = usize::from(spec.n_vocab % 8 == 0);
             assert_eq!(n, per_layer + output, "{what}: packed matrices");
@@ -114,8 +196,7 @@ fn packed_weights_give_the_bits_of_the_files_layout() {
             );
         }
         eprintln!(
-            "engine_packed: {} (packed) gives the bits of {}",
-            packing.name(),
+            "engine_packed: {packing_name} gives the bits of {}",
             plain.name()
         );
     }
@@ -123,10 +204,6 @@ fn packed_weights_give_the_bits_of_the_files_layout() {
 
 #[test]
 fn a_packed_model_serves_the_reference_path_unchanged() {
-    let Some(&(packing, _)) = pairs().first() else {
-        eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
-        return;
-    };
     let reference = Kernels::for_path(Path::Reference).unwrap();
     let spec = SynthSpec {
         weight_type: GgmlType::Q4_0,
@@ -135,9 +212,12 @@ fn a_packed_model_serves_the_reference_path_unchanged() {
     };
     let fresh = Arc::new(synth_model(&spec));
     let want = logits(&fresh, reference, 1);
+    assert!(
+        fresh.packed().is_none(),
+        "the reference engine packed the model"
+    );
     let packed = Arc::new(synth_model(&spec));
-    logits(&packed, packing, 2);
-    assert!(packed.packed().is_some());
+    pack(&packed, packing_path());
     same_bits(
         "reference on a packed model",
         &logits(&packed, reference, 2),
@@ -146,25 +226,29 @@ fn a_packed_model_serves_the_reference_path_unchanged() {
 }
 
 /// A model that would not fit packed in the memory available stays in the file's layout,
-/// and a packing path then runs over that layout: its own unpacked bits.
+/// and a packing path then runs over that layout: its own unpacked bits (where this CPU has no
+/// packing path, its best path's bits on the packed model).
 #[test]
 fn without_room_to_pack_the_file_layout_serves() {
-    let Some(&(packing, _)) = pairs().first() else {
-        eprintln!("engine_packed: no path with packed products on this CPU; nothing to compare");
-        return;
-    };
+    let packing = packing_path();
+    let k = packing.unwrap_or_else(|| Kernels::for_path(Path::best()).unwrap());
     let spec = SynthSpec {
         weight_type: GgmlType::Q4_1,
         n_vocab: 304,
         ..Default::default()
     };
     let roomy = Arc::new(synth_model(&spec));
-    let want = logits(&roomy, packing, 1);
-    assert!(roomy.packed().is_some_and(|p| p.stats().0 > 0));
+    pack(&roomy, packing);
+    let want = logits(&roomy, k, 1);
     let tight = Arc::new(synth_model(&spec));
     assert!(!tight.pack_within(1, Some(1024)), "packed into 1 KiB");
     assert_eq!(tight.packed().map(|p| p.stats().0), Some(0));
     // The engine's own call to pack finds the decision made.
-    let got = logits(&tight, packing, 2);
-    same_bits("file layout on a packing path", &got, &want);
+    let got = logits(&tight, k, 2);
+    assert_eq!(
+        tight.packed().map(|p| p.stats().0),
+        Some(0),
+        "packed after all"
+    );
+    same_bits(&format!("file layout on {}", k.name()), &got, &want);
 }

@@ -31,6 +31,13 @@ fn engine(model: &Arc<Model>, threads: usize, kv_type: KvType) -> Engine {
     Engine::new(Arc::clone(model), cfg).unwrap()
 }
 
+/// The cases of a vectors file: never none, or every loop over them would pass unasked.
+fn cases<'a>(data: &'a Value, file: &str) -> &'a [Value] {
+    let cases = data["cases"].as_array().map_or(&[][..], |v| v.as_slice());
+    assert!(!cases.is_empty(), "{file}: no cases");
+    cases
+}
+
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
@@ -77,7 +84,7 @@ fn top_logits_match_llama_cpp_for_every_quant() {
         let mut e = engine(&model, 2, KvType::F16);
         let (mut top1_ok, mut n) = (0, 0);
         let mut worst = 0.0f32;
-        for case in data["cases"].as_array().unwrap() {
+        for case in cases(&data, "logits.json") {
             let prompt = ids(&case["prompt_ids"]);
             let mut s = e.new_session();
             let logits = e.feed(&mut s, &prompt).unwrap().to_vec();
@@ -87,6 +94,7 @@ fn top_logits_match_llama_cpp_for_every_quant() {
                 .as_f64()
                 .unwrap() as f32;
             let tol = (1.25 * spread).max(0.5);
+            assert!(!default.is_empty(), "{quant} {}: no top-10", case["id"]);
             for (id, want) in &default {
                 let alt = precise
                     .iter()
@@ -131,10 +139,11 @@ fn greedy_continuations_match_llama_cpp() {
     let data = common::read_json("greedy.json");
     let model = load("q4_0");
     let mut e = engine(&model, 2, KvType::F16);
-    let (mut matched, mut compared, mut cases) = (0, 0, 0);
-    for case in data["cases"].as_array().unwrap() {
+    let (mut matched, mut compared, mut n_cases) = (0, 0, 0);
+    for case in cases(&data, "greedy.json") {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
+        assert!(!want.is_empty(), "{}: no generated ids", case["id"]);
         let margins: Vec<f32> = case["top1_margin"]
             .as_array()
             .unwrap()
@@ -159,9 +168,11 @@ fn greedy_continuations_match_llama_cpp() {
         }
         matched += got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         compared += want.len();
-        cases += 1;
+        n_cases += 1;
     }
-    eprintln!("engine_real: greedy Q4_0: {cases} cases, identical prefix {matched}/{compared} ids");
+    eprintln!(
+        "engine_real: greedy Q4_0: {n_cases} cases, identical prefix {matched}/{compared} ids"
+    );
 }
 
 /// Greedy ids and logits do not depend on the thread count, and the generate loop (sampler,
@@ -173,7 +184,7 @@ fn greedy_ids_are_identical_across_threads_and_architectures() {
     let data = common::read_json("greedy.json");
     let model = load("q4_0");
     let mut all = Vec::new();
-    for case in data["cases"].as_array().unwrap().iter().take(3) {
+    for case in cases(&data, "greedy.json").iter().take(3) {
         let prompt = ids(&case["prompt_ids"]);
         let (one, margins) = greedy(&mut engine(&model, 1, KvType::F16), &prompt, 24);
         let (two, _) = greedy(&mut engine(&model, 2, KvType::F16), &prompt, 24);
@@ -206,14 +217,28 @@ fn greedy_ids_are_identical_across_threads_and_architectures() {
     if let Some(path) = std::env::var_os("EDGELLM_IDS_EXPECT") {
         let other: Vec<Value> =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        // The same cases, in the same order: an empty or shorter file compares nothing.
+        let names = |v: &[Value]| v.iter().map(|c| c["id"].clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&other),
+            names(&all),
+            "{}: the other architecture's cases",
+            path.to_string_lossy()
+        );
         for (mine, theirs) in all.iter().zip(&other) {
             let (a, b) = (ids(&mine["ids"]), ids(&theirs["ids"]));
+            assert!(
+                !b.is_empty(),
+                "{}: no ids from the other architecture",
+                mine["id"]
+            );
             let m: Vec<f64> = theirs["margins"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|x| x.as_f64().unwrap())
                 .collect();
+            assert_eq!(m.len(), b.len(), "{}: a margin per id", mine["id"]);
             // Kernels of different architectures sum in different orders: identical ids are
             // required up to the first step the other run saw as a near-exact tie.
             let upto = m

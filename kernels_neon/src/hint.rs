@@ -9,11 +9,18 @@ const LINE: usize = 64;
 /// pushed out of L1 by that product's stream anyway (and on Zen 4 it measured faster).
 #[inline]
 pub fn prefetch<T>(data: &[T], max_bytes: usize) {
-    let bytes = std::mem::size_of_val(data).min(max_bytes);
     let p = data.as_ptr().cast::<u8>();
-    for off in (0..bytes).step_by(LINE) {
+    for off in line_offsets(data, max_bytes) {
         line(p.wrapping_add(off));
     }
+}
+
+/// The byte offsets [`prefetch`] hints in `data` capped at `max_bytes`: one per line from 0,
+/// each inside the slice and the cap. The only logic of a prefetch, apart so that a test can
+/// see it (the hint itself is invisible to a program).
+#[inline]
+fn line_offsets<T>(data: &[T], max_bytes: usize) -> std::iter::StepBy<std::ops::Range<usize>> {
+    (0..std::mem::size_of_val(data).min(max_bytes)).step_by(LINE)
 }
 
 #[inline(always)]
@@ -36,20 +43,57 @@ fn line(p: *const u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::prefetch;
+    use super::{LINE, line_offsets, prefetch};
 
-    /// Any slice and cap, empty, unaligned or zero-sized elements: no fault, no change.
+    /// For every length and cap near the ends (empty, one byte, a line and one either side),
+    /// the lines hinted start inside both the slice and the cap, from byte 0, one line apart,
+    /// and cover every byte below the smaller of the two: counted against a plain walk. The
+    /// slices are cut from one buffer at every offset, so that none starts aligned by luck.
     #[test]
-    fn prefetch_any_slice() {
-        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        let copy = data.clone();
-        for start in [0, 1, 63, 999, 1000] {
+    fn prefetch_hints_every_line_of_the_capped_slice_and_nothing_past_it() {
+        let buf = vec![0u8; 4 * LINE + 9];
+        for start in [0, 1, LINE - 1, LINE + 3] {
+            for len in 0..=buf.len() - start {
+                let data = &buf[start..start + len];
+                prefetch(data, usize::MAX);
+                let ends = [0, 1, 2, LINE - 1, LINE, LINE + 1, 2 * LINE, 3 * LINE + 7];
+                let near = [len.saturating_sub(1), len, len + 1, usize::MAX];
+                for cap in ends.into_iter().chain(near) {
+                    let got: Vec<usize> = line_offsets(data, cap).collect();
+                    let mut want = Vec::new();
+                    let mut off = 0;
+                    while off < len && off < cap {
+                        want.push(off);
+                        off += LINE;
+                    }
+                    assert_eq!(got, want, "start={start} len={len} cap={cap}");
+                    for byte in 0..len.min(cap) {
+                        assert!(
+                            got.iter().any(|&o| (o..o + LINE).contains(&byte)),
+                            "start={start} len={len} cap={cap}: byte {byte} in no hinted line"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The cap is in bytes, whatever the element: a `u64` counts 8 of them, `()` none, and
+    /// an empty slice of any type hints nothing.
+    #[test]
+    fn prefetch_counts_bytes_not_elements() {
+        let data: Vec<u64> = (0..1000).collect();
+        for start in [0, 1, 7, 8, 999, 1000] {
             for cap in [0, 1, 64, 65, 4096, usize::MAX] {
                 prefetch(&data[start..], cap);
+                let want = (8 * (1000 - start)).min(cap).div_ceil(LINE);
+                let got = line_offsets(&data[start..], cap).count();
+                assert_eq!(got, want, "start={start} cap={cap}");
             }
         }
         prefetch::<u64>(&[], usize::MAX);
+        assert_eq!(line_offsets::<u64>(&[], usize::MAX).count(), 0);
         prefetch(&[(); 5], usize::MAX);
-        assert_eq!(data, copy);
+        assert_eq!(line_offsets(&[(); 5], usize::MAX).count(), 0);
     }
 }

@@ -252,28 +252,41 @@ impl KvCache {
     /// into. A hint: called before the layer's first product, the memory latency of these
     /// scattered starts overlaps that product's streaming.
     pub fn prefetch(&self, l: usize, pos: usize, max_bytes: usize) {
-        if l >= self.n_layer || pos >= self.n_ctx {
-            return;
-        }
-        let hd = self.head_dim;
-        for g in 0..self.n_head_kv {
-            let r = self.at(l, g, 0)..self.at(l, g, pos) + hd;
-            let own = self.at(l, g, pos)..r.end;
+        for (run, own) in self.prefetch_runs(l, pos) {
             match &self.store {
                 Store::F16 { k, v } => {
                     for x in [k, v] {
-                        hint::prefetch(&x[r.clone()], max_bytes);
+                        hint::prefetch(&x[run.clone()], max_bytes);
                         hint::prefetch(&x[own.clone()], usize::MAX);
                     }
                 }
                 Store::F32 { k, v } => {
                     for x in [k, v] {
-                        hint::prefetch(&x[r.clone()], max_bytes);
+                        hint::prefetch(&x[run.clone()], max_bytes);
                         hint::prefetch(&x[own.clone()], usize::MAX);
                     }
                 }
             }
         }
+    }
+
+    /// The element ranges [`KvCache::prefetch`] hints, head by head: positions `0..=pos` of
+    /// the head's run, and position `pos` alone. None for a layer or position outside the
+    /// cache.
+    fn prefetch_runs(
+        &self,
+        l: usize,
+        pos: usize,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)> + '_ {
+        let heads = if l < self.n_layer && pos < self.n_ctx {
+            0..self.n_head_kv
+        } else {
+            0..0
+        };
+        heads.map(move |g| {
+            let own = self.at(l, g, pos)..self.at(l, g, pos) + self.head_dim;
+            (self.at(l, g, 0)..own.end, own)
+        })
     }
 
     /// The scores of the query heads `q` (`heads × head_dim`) that share KV head `g`:
@@ -407,25 +420,49 @@ mod tests {
         c
     }
 
-    /// A prefetch reads within the cache for every layer and position, whatever its cap,
-    /// ignores positions and layers outside it, and changes nothing.
+    /// A prefetch hints, for every layer, position and head, exactly the keys and values
+    /// attention reads for a token there (positions `0..=pos` of that head) and the token's
+    /// own row, and nothing for a layer or position outside the cache. Checked through the
+    /// contents: every element hinted must be the value `filled` stored for that head and
+    /// position, so a range one row long or short, or in another head's run, fails. (That a
+    /// prefetch changes nothing is the borrow checker's: it takes `&self`.)
     #[test]
-    fn prefetch_stays_in_bounds_and_changes_nothing() {
+    fn prefetch_hints_the_rows_attention_reads_and_nothing_else() {
         for ty in [KvType::F32, KvType::F16] {
             let n_ctx = 7;
             let c = filled(ty, n_ctx, n_ctx);
-            let mut before = Vec::new();
-            c.write_rows(0..n_ctx, &mut before);
-            for l in 0..=L {
-                for pos in 0..=n_ctx {
+            let (k, v): (Vec<f32>, Vec<f32>) = match &c.store {
+                Store::F16 { k, v } => (
+                    k.iter().map(|x| x.to_f32()).collect(),
+                    v.iter().map(|x| x.to_f32()).collect(),
+                ),
+                Store::F32 { k, v } => (k.clone(), v.clone()),
+            };
+            for l in 0..L + 2 {
+                for pos in 0..n_ctx + 2 {
                     for cap in [0, 1, 63, 64, 8 << 10, usize::MAX] {
                         c.prefetch(l, pos, cap);
                     }
+                    let runs: Vec<_> = c.prefetch_runs(l, pos).collect();
+                    if l >= L || pos >= n_ctx {
+                        assert!(runs.is_empty(), "{ty} l={l} pos={pos}: outside the cache");
+                        continue;
+                    }
+                    assert_eq!(runs.len(), HKV, "{ty} l={l} pos={pos}: one run per head");
+                    for (g, (run, own)) in runs.into_iter().enumerate() {
+                        let what = format!("{ty} l={l} pos={pos} head {g}");
+                        let want = |kv, positions: std::ops::RangeInclusive<usize>| {
+                            positions
+                                .flat_map(|j| (0..HD).map(move |i| val(kv, l, j, g * HD + i)))
+                                .collect::<Vec<f32>>()
+                        };
+                        assert_eq!(k[run.clone()], want(0, 0..=pos), "{what}: keys read");
+                        assert_eq!(v[run], want(1, 0..=pos), "{what}: values read");
+                        assert_eq!(k[own.clone()], want(0, pos..=pos), "{what}: own key row");
+                        assert_eq!(v[own], want(1, pos..=pos), "{what}: own value row");
+                    }
                 }
             }
-            let mut after = Vec::new();
-            c.write_rows(0..n_ctx, &mut after);
-            assert_eq!(before, after, "{ty}");
         }
     }
 

@@ -1,5 +1,5 @@
-//! The KV cache: in RAM as `(layer, position, kv_dim)`, and its checksummed, append-only
-//! snapshots on flash (`docs/kv-format.md`).
+//! The KV cache in RAM (its layout is stated once, where it is defined: `cache.rs`), and its
+//! checksummed, append-only snapshots on flash (`docs/kv-format.md`).
 
 mod cache;
 pub mod file;
