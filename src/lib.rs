@@ -3,6 +3,7 @@
 //! Layers, bottom up (an arrow never points up): `kernels_neon` (separate crate) →
 //! [`gguf`] (mmapped model files) → `model` → `engine` → front ends → CLI/daemon.
 
+pub mod daemon;
 pub mod engine;
 pub mod gguf;
 pub mod kv;
