@@ -83,6 +83,19 @@ fn no_file_at_all_is_the_embedded_default() {
 }
 
 #[test]
+fn the_example_file_parses_and_says_the_true_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("edgellm.toml");
+    let example = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let d = Config::default();
+    assert_eq!(example.model, d.model);
+    assert_eq!(example.state, d.state);
+    assert_eq!(example.mqtt, d.mqtt);
+    assert_eq!(example.serial, d.serial);
+    assert_eq!(example.limits, d.limits);
+    assert_eq!(example.log, d.log);
+}
+
+#[test]
 fn every_key_reaches_the_layer_that_uses_it() {
     let c: Config = r#"
         [model]
