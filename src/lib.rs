@@ -21,6 +21,7 @@
 //! lives in the upper one (so `kv::Geometry::of`, the shape of a model's cache, is defined in
 //! `model`).
 
+pub mod daemon;
 pub mod engine;
 pub mod gguf;
 pub mod kv;

@@ -117,32 +117,5 @@ fn release_freed_heap() {
     }
 }
 
-/// A parsed byte size: `4096`, `64K`, `256M`, `2G` (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, shift) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 30),
-        _ => (s, 0),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64K, 256M, 2G)"))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn sizes_take_binary_suffixes_and_refuse_nonsense() {
-        use super::parse_size;
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("256m"), Ok(256 << 20));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        for bad in ["", "M", "-1", "1.5G", "99999999999G", "12T"] {
-            assert!(parse_size(bad).is_err(), "{bad:?}");
-        }
-    }
-}
+/// Byte sizes (`4096`, `64K`, `256M`, `2G`): one parser for flags and configuration keys.
+pub use edgellm::daemon::parse_size;

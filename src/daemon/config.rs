@@ -1,0 +1,1007 @@
+//! The daemon's configuration: one TOML file (`edgellm.toml` at the repository root is the
+//! commented example, `docs/config.md` the reference), every key defaulted, so no file at all
+//! is a working appliance (the default model, an embedded broker on 127.0.0.1).
+//!
+//! Pure but for [`Config::load`], which reads the file (at most [`MAX_FILE_BYTES`]) and checks
+//! that secrets are not readable by others. Every table refuses unknown keys, so a typo is an
+//! error, not a default; every refusal is one line that names the file, the key and the reason:
+//!
+//! ```text
+//! /etc/edgellm.toml:12: mqtt.keepalive_s: 2 is out of range 5..=3600
+//! ```
+//!
+//! Relative paths in a file are taken from the file's directory (systemd starts the daemon in
+//! `/`); paths given as [`Overrides`] are taken as they are (from the caller's directory).
+//! Messages name keys, never command-line flags: the CLI maps its flags to [`Overrides`].
+
+pub use super::broker::Broker;
+use crate::runtime::MAX_THREADS;
+use crate::engine::store::StoreConfig;
+use crate::engine::{EngineConfig, MAX_CHUNK, MAX_CTX, default_threads};
+use crate::kv::KvType;
+use crate::mqtt::contract::{Limits, MAX_NAME_LEN, NameError, Topics};
+use crate::service::{ServiceConfig, Sessions};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use std::fmt;
+use std::io::Read;
+use std::ops::RangeInclusive;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Largest configuration file read: anything bigger is not a configuration.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Largest `mqtt.max_payload`.
+pub const MAX_PAYLOAD: u64 = 16 << 20;
+/// Largest password file read.
+const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+
+/// A parsed byte size: `4096`, `64K`, `256M`, `2G` (powers of 1024). The CLI's size flags and
+/// the configuration's size keys share it.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64K, 256M, 2G)"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// Where a setting came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    /// Text given to [`Config::from_str`].
+    Text,
+    /// A value of [`Overrides`].
+    Override,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File(p) => write!(f, "{}", p.display()),
+            Origin::Text => f.write_str("configuration"),
+            Origin::Override => f.write_str("override"),
+        }
+    }
+}
+
+/// Why a configuration was refused. Each message is one line: the file (and line where the
+/// parser knows it), the key, the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: cannot read: {source}", file.display())]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: too large: more than {max} bytes", file.display())]
+    TooLarge { file: PathBuf, max: u64 },
+    /// Not TOML: there is no key to name, the line says where.
+    #[error("{origin}{}: {reason}", line_suffix(*line))]
+    Syntax {
+        origin: Origin,
+        line: Option<usize>,
+        reason: String,
+    },
+    #[error("{origin}{}: {key}: {reason}", line_suffix(*line))]
+    Invalid {
+        origin: Origin,
+        line: Option<usize>,
+        /// The key's dotted path: `mqtt.keepalive_s`, `serial[1].baud`.
+        key: String,
+        reason: String,
+    },
+}
+
+fn line_suffix(line: Option<usize>) -> String {
+    line.map(|l| format!(":{l}")).unwrap_or_default()
+}
+
+impl ConfigError {
+    /// The key the error is about, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+/// A refusal found by validation, before the origin is known.
+#[derive(Debug)]
+struct Bad {
+    key: String,
+    reason: String,
+}
+
+fn bad(key: impl Into<String>, reason: impl Into<String>) -> Bad {
+    Bad {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn in_range<T>(key: &str, v: T, range: RangeInclusive<T>) -> Result<(), Bad>
+where
+    T: PartialOrd + fmt::Display,
+{
+    if range.contains(&v) {
+        Ok(())
+    } else {
+        Err(bad(
+            key,
+            format!("{v} is out of range {}..={}", range.start(), range.end()),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value types
+
+/// A password: never printed by `Debug`, so a logged config leaks nothing.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+    /// The password itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// MQTT protocol version spoken to the broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum Protocol {
+    #[serde(rename = "v5")]
+    V5,
+    #[serde(rename = "v311")]
+    V311,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Parity {
+    None,
+    Even,
+    Odd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum SerialFlow {
+    #[serde(rename = "none")]
+    None,
+    #[serde(rename = "rtscts")]
+    RtsCts,
+    #[serde(rename = "xonxoff")]
+    XonXoff,
+}
+
+/// What a serial port speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SerialMode {
+    /// One prompt per line, the answer streamed back as lines.
+    Line,
+    /// Length-prefixed, checksummed frames.
+    Frame,
+    /// Modbus RTU slave.
+    Modbus,
+    /// An interactive console for a technician.
+    Console,
+}
+
+/// A size key: a string with a binary suffix (`"64K"`) or a plain number of bytes.
+fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct SizeVisitor;
+    impl Visitor<'_> for SizeVisitor {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a size such as \"64K\", \"256M\" or a number of bytes")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<u64, E> {
+            parse_size(s).map_err(E::custom)
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<u64, E> {
+            Ok(n)
+        }
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<u64, E> {
+            u64::try_from(n).map_err(|_| E::custom(format!("{n} is not a size")))
+        }
+    }
+    d.deserialize_any(SizeVisitor)
+}
+
+fn de_kv_type<'de, D: Deserializer<'de>>(d: D) -> Result<KvType, D::Error> {
+    let s = String::deserialize(d)?;
+    KvType::parse(&s).map_err(de::Error::custom)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sections
+
+/// `[model]`: which model, and how the engine is sized.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// None: the default model of the models/ cache.
+    pub path: Option<PathBuf>,
+    /// None: the big cores of a big.LITTLE SoC, else every core we may run on.
+    pub threads: Option<usize>,
+    pub ctx: usize,
+    pub chunk: usize,
+    #[serde(deserialize_with = "de_kv_type")]
+    pub kv_type: KvType,
+    pub mlock: bool,
+    /// A board profile's name (profiles come with the packaging).
+    pub board: Option<String>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            path: None,
+            threads: None,
+            ctx: 2048,
+            chunk: 64,
+            kv_type: KvType::F16,
+            mlock: false,
+            board: None,
+        }
+    }
+}
+
+/// `[state]`: where sessions are kept, and how much they may take.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateConfig {
+    /// None: no sessions survive a request (nor a restart).
+    pub dir: Option<PathBuf>,
+    #[serde(deserialize_with = "de_size")]
+    pub disk_budget: u64,
+    #[serde(deserialize_with = "de_size")]
+    pub ram_budget: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            dir: None,
+            disk_budget: 256 << 20,
+            ram_budget: 64 << 20,
+        }
+    }
+}
+
+/// `[mqtt.tls]`: its presence turns TLS on.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The CA certificate(s), PEM, that sign the broker's certificate.
+    pub ca_file: PathBuf,
+    /// A client certificate (PEM), with its key.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// `[mqtt]`: the broker and the device's topics.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    pub broker: Broker,
+    pub protocol: Protocol,
+    /// The device's topic level (`{prefix}/{device}/request`).
+    pub device: String,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// A file holding the password (its first line), instead of `password`.
+    pub password_file: Option<PathBuf>,
+    pub tls: Option<TlsConfig>,
+    pub allow_plaintext_credentials: bool,
+    pub keepalive_s: u64,
+    pub prefix: String,
+    pub qos: u8,
+    pub fleet_group: Option<String>,
+    #[serde(deserialize_with = "de_size")]
+    pub max_payload: u64,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            broker: Broker::Embedded,
+            protocol: Protocol::V5,
+            device: default_device(),
+            username: None,
+            password: None,
+            password_file: None,
+            tls: None,
+            allow_plaintext_credentials: false,
+            keepalive_s: 30,
+            prefix: "edgellm".to_owned(),
+            qos: 1,
+            fleet_group: None,
+            max_payload: 64 << 10,
+        }
+    }
+}
+
+impl MqttConfig {
+    pub fn keepalive(&self) -> Duration {
+        Duration::from_secs(self.keepalive_s)
+    }
+
+    /// A username, a password or a password file is set.
+    pub fn has_credentials(&self) -> bool {
+        self.username.is_some() || self.password.is_some() || self.password_file.is_some()
+    }
+}
+
+/// The default device id: this machine's host name made a valid topic level, else `edgellm`.
+pub fn default_device() -> String {
+    let host = nix::unistd::gethostname().unwrap_or_default();
+    device_from_hostname(&host.to_string_lossy())
+}
+
+/// A host name as a topic level: characters other than letters, digits, `.`, `-` and `_`
+/// become `_` (so no wildcard, `/` or `$`), at most [`MAX_NAME_LEN`] bytes; `edgellm` when
+/// nothing is left.
+pub fn device_from_hostname(host: &str) -> String {
+    let keep = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    let s: String = host
+        .trim()
+        .chars()
+        .map(|c| if keep(c) { c } else { '_' })
+        .take(MAX_NAME_LEN)
+        .collect();
+    if s.is_empty() {
+        "edgellm".to_owned()
+    } else {
+        s
+    }
+}
+
+/// One `[[serial]]` port (the serial front end comes next; the section is validated now).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialConfig {
+    pub path: PathBuf,
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+    #[serde(default = "default_data_bits")]
+    pub data_bits: u32,
+    #[serde(default = "default_parity")]
+    pub parity: Parity,
+    #[serde(default = "default_stop_bits")]
+    pub stop_bits: u32,
+    #[serde(default = "default_flow")]
+    pub flow: SerialFlow,
+    #[serde(default = "default_mode")]
+    pub mode: SerialMode,
+    /// The Modbus slave address (mode `modbus`).
+    #[serde(default = "default_unit_id")]
+    pub unit_id: u32,
+    /// Drive an RS-485 transceiver's direction line (the kernel's RS-485 mode).
+    #[serde(default)]
+    pub rs485: bool,
+}
+
+fn default_baud() -> u32 {
+    115_200
+}
+fn default_data_bits() -> u32 {
+    8
+}
+fn default_parity() -> Parity {
+    Parity::None
+}
+fn default_stop_bits() -> u32 {
+    1
+}
+fn default_flow() -> SerialFlow {
+    SerialFlow::None
+}
+fn default_mode() -> SerialMode {
+    SerialMode::Line
+}
+fn default_unit_id() -> u32 {
+    1
+}
+
+/// `[limits]`: the bounds every request is held to.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(deserialize_with = "de_size")]
+    pub max_prompt_bytes: u64,
+    pub max_tokens: usize,
+    pub queue_depth: usize,
+    /// Waiting requests one source may hold; at most `queue_depth` is used.
+    pub per_source: usize,
+    pub request_timeout_s: u64,
+    pub max_sessions: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_prompt_bytes: 16 << 10,
+            max_tokens: 512,
+            queue_depth: 16,
+            per_source: 8,
+            request_timeout_s: 120,
+            max_sessions: 64,
+        }
+    }
+}
+
+impl LimitsConfig {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_s)
+    }
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter: `info`, `edgellm=debug,warn`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".to_owned(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole
+
+/// The daemon's configuration. [`Config::default`] is the embedded default (no file).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub state: StateConfig,
+    pub mqtt: MqttConfig,
+    pub serial: Vec<SerialConfig>,
+    pub limits: LimitsConfig,
+    pub log: LogConfig,
+    /// The file it was loaded from.
+    #[serde(skip)]
+    file: Option<PathBuf>,
+    /// Keys set by [`Config::apply`]: their errors name the override, not the file.
+    #[serde(skip)]
+    overridden: Vec<&'static str>,
+}
+
+/// The settings the command line may override (flags win over the file).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub model: Option<PathBuf>,
+    /// `host:port`, `embedded` or `off`, as `mqtt.broker`.
+    pub mqtt: Option<String>,
+    pub device: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub threads: Option<usize>,
+    pub ctx: Option<usize>,
+}
+
+impl FromStr for Config {
+    type Err = ConfigError;
+    /// Parses and validates configuration text (no file is read: a `password_file` is only
+    /// checked by [`Config::load`] and read by [`Config::password`]).
+    fn from_str(text: &str) -> Result<Config, ConfigError> {
+        let cfg = parse(text, &Origin::Text)?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file, and checks its secrets: a file that
+    /// holds `mqtt.password` must not be readable by group or others, nor may the
+    /// `mqtt.password_file` or the TLS key.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let (text, mode) = read_bounded(path, MAX_FILE_BYTES)?;
+        let origin = Origin::File(path.to_owned());
+        let text = String::from_utf8(text).map_err(|_| ConfigError::Syntax {
+            origin: origin.clone(),
+            line: None,
+            reason: "not UTF-8 text".to_owned(),
+        })?;
+        let mut cfg = parse(&text, &origin)?;
+        cfg.file = Some(path.to_owned());
+        if let Some(dir) = path.parent() {
+            cfg.resolve_paths(dir);
+        }
+        cfg.check()?;
+        if cfg.mqtt.password.is_some() && mode & 0o077 != 0 {
+            return Err(cfg.invalid(bad(
+                "mqtt.password",
+                format!(
+                    "the file holds a password but group or others may read it (mode {:03o}); \
+                     make it private (chmod 600) or move the password to mqtt.password_file",
+                    mode & 0o777
+                ),
+            )));
+        }
+        if let Some(pw) = &cfg.mqtt.password_file {
+            cfg.private_file("mqtt.password_file", pw)?;
+        }
+        if let Some(key) = cfg.mqtt.tls.as_ref().and_then(|t| t.key_file.as_ref()) {
+            cfg.private_file("mqtt.tls.key_file", key)?;
+        }
+        Ok(cfg)
+    }
+
+    /// The file this configuration was loaded from.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// Overrides keys (flags win over the file), validated as the file is. On error the
+    /// configuration is unchanged.
+    pub fn apply(&mut self, o: &Overrides) -> Result<(), ConfigError> {
+        let mut next = self.clone();
+        let mut set = |key: &'static str| {
+            if !next.overridden.contains(&key) {
+                next.overridden.push(key);
+            }
+        };
+        if o.model.is_some() {
+            set("model.path");
+        }
+        if o.threads.is_some() {
+            set("model.threads");
+        }
+        if o.ctx.is_some() {
+            set("model.ctx");
+        }
+        if o.mqtt.is_some() {
+            set("mqtt.broker");
+        }
+        if o.device.is_some() {
+            set("mqtt.device");
+        }
+        if o.state_dir.is_some() {
+            set("state.dir");
+        }
+        if let Some(m) = &o.model {
+            next.model.path = Some(m.clone());
+        }
+        if let Some(t) = o.threads {
+            next.model.threads = Some(t);
+        }
+        if let Some(c) = o.ctx {
+            next.model.ctx = c;
+        }
+        if let Some(b) = &o.mqtt {
+            next.mqtt.broker = Broker::parse(b).map_err(|r| next.invalid(bad("mqtt.broker", r)))?;
+        }
+        if let Some(d) = &o.device {
+            next.mqtt.device = d.clone();
+        }
+        if let Some(s) = &o.state_dir {
+            next.state.dir = Some(s.clone());
+        }
+        next.check()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// The MQTT password: `mqtt.password`, or the first line of `mqtt.password_file` (read
+    /// now, so a rotated password is used at the next connection).
+    pub fn password(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(p) = &self.mqtt.password {
+            return Ok(Some(p.clone()));
+        }
+        let Some(path) = &self.mqtt.password_file else {
+            return Ok(None);
+        };
+        let (bytes, mode) = read_bounded(path, MAX_PASSWORD_FILE_BYTES)
+            .map_err(|e| self.invalid(bad("mqtt.password_file", e.to_string())))?;
+        self.check_private_mode("mqtt.password_file", path, mode)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| self.invalid(bad("mqtt.password_file", "the file is not UTF-8 text")))?;
+        let line = text.lines().next().unwrap_or("");
+        if line.is_empty() {
+            return Err(self.invalid(bad(
+                "mqtt.password_file",
+                format!("{} holds no password", path.display()),
+            )));
+        }
+        Ok(Some(Secret::new(line)))
+    }
+
+    /// The engine's sizes.
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            n_ctx: self.model.ctx,
+            chunk: self.model.chunk,
+            threads: self.model.threads.unwrap_or_else(default_threads),
+            kv_type: self.model.kv_type,
+        }
+    }
+
+    /// The session store, when a state directory is set.
+    pub fn store_config(&self) -> Option<StoreConfig> {
+        self.state.dir.as_ref().map(|dir| StoreConfig {
+            dir: dir.clone(),
+            ram_bytes: self.state.ram_budget,
+            disk_bytes: self.state.disk_budget,
+        })
+    }
+
+    /// The service worker's sizes (`per_source` clamped to `queue_depth`) and sessions.
+    pub fn service_config(&self) -> ServiceConfig {
+        let l = &self.limits;
+        ServiceConfig {
+            queue_depth: l.queue_depth,
+            per_source: l.per_source.min(l.queue_depth),
+            max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
+            sessions: self.store_config().map_or(Sessions::None, Sessions::Store),
+        }
+    }
+
+    /// The MQTT contract's bounds on a request.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_payload: usize::try_from(self.mqtt.max_payload).unwrap_or(usize::MAX),
+            max_tokens: self.limits.max_tokens,
+            timeout: Some(self.limits.request_timeout()),
+        }
+    }
+
+    /// The device's topics.
+    pub fn topics(&self) -> Result<Topics, NameError> {
+        let m = &self.mqtt;
+        Topics::new(&m.prefix, &m.device, m.fleet_group.as_deref())
+    }
+
+    fn origin_of(&self, key: &str) -> Origin {
+        match &self.file {
+            _ if self.overridden.contains(&key) => Origin::Override,
+            Some(f) => Origin::File(f.clone()),
+            None => Origin::Text,
+        }
+    }
+
+    fn invalid(&self, b: Bad) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin_of(&b.key),
+            line: None,
+            key: b.key,
+            reason: b.reason,
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.validate().map_err(|b| self.invalid(b))
+    }
+
+    /// A secret file must exist and be readable by its owner only.
+    fn private_file(&self, key: &str, path: &Path) -> Result<(), ConfigError> {
+        let meta = std::fs::metadata(path)
+            .map_err(|e| self.invalid(bad(key, format!("cannot read {}: {e}", path.display()))))?;
+        self.check_private_mode(key, path, meta.permissions().mode())
+    }
+
+    fn check_private_mode(&self, key: &str, path: &Path, mode: u32) -> Result<(), ConfigError> {
+        if mode & 0o077 == 0 {
+            return Ok(());
+        }
+        Err(self.invalid(bad(
+            key,
+            format!(
+                "{} is readable by group or others (mode {:03o}); make it private (chmod 600)",
+                path.display(),
+                mode & 0o777
+            ),
+        )))
+    }
+
+    fn resolve_paths(&mut self, dir: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                *p = dir.join(&*p);
+            }
+        };
+        self.model.path.iter_mut().for_each(fix);
+        self.state.dir.iter_mut().for_each(fix);
+        self.mqtt.password_file.iter_mut().for_each(fix);
+        if let Some(t) = &mut self.mqtt.tls {
+            fix(&mut t.ca_file);
+            t.cert_file.iter_mut().for_each(fix);
+            t.key_file.iter_mut().for_each(fix);
+        }
+        self.serial.iter_mut().for_each(|s| fix(&mut s.path));
+    }
+
+    /// Every range and every rule between keys.
+    fn validate(&self) -> Result<(), Bad> {
+        self.validate_model()?;
+        self.validate_state()?;
+        self.validate_mqtt()?;
+        for (i, s) in self.serial.iter().enumerate() {
+            validate_serial(i, s)?;
+            if let Some(j) = self.serial[..i].iter().position(|o| o.path == s.path) {
+                return Err(bad(
+                    format!("serial[{i}].path"),
+                    format!("{} is already serial[{j}]", s.path.display()),
+                ));
+            }
+        }
+        self.validate_limits()?;
+        let level = &self.log.level;
+        if level.trim().is_empty() {
+            return Err(bad("log.level", "is empty (e.g. \"info\")"));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(level) {
+            return Err(bad("log.level", format!("{level:?}: {e}")));
+        }
+        Ok(())
+    }
+
+    fn validate_model(&self) -> Result<(), Bad> {
+        let m = &self.model;
+        if m.path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(bad("model.path", "is empty"));
+        }
+        if let Some(t) = m.threads {
+            in_range("model.threads", t, 1..=MAX_THREADS)?;
+        }
+        in_range("model.ctx", m.ctx, 1..=MAX_CTX)?;
+        in_range("model.chunk", m.chunk, 1..=MAX_CHUNK)?;
+        if let Some(b) = &m.board {
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+            if b.is_empty() || b.len() > 64 || !b.chars().all(ok) {
+                return Err(bad(
+                    "model.board",
+                    format!("{b:?}: a profile name is 1 to 64 letters, digits, . - or _"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_state(&self) -> Result<(), Bad> {
+        let s = &self.state;
+        if s.dir.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(bad("state.dir", "is empty"));
+        }
+        in_range("state.disk_budget", s.disk_budget, 1..=u64::MAX)?;
+        in_range("state.ram_budget", s.ram_budget, 1..=u64::MAX)?;
+        Ok(())
+    }
+
+    fn validate_mqtt(&self) -> Result<(), Bad> {
+        let m = &self.mqtt;
+        in_range("mqtt.keepalive_s", m.keepalive_s, 5..=3600)?;
+        in_range("mqtt.qos", m.qos, 0..=2)?;
+        in_range("mqtt.max_payload", m.max_payload, 1024..=MAX_PAYLOAD)?;
+        if let Err(e) = self.topics() {
+            let key = match e.what {
+                "topic prefix" => "mqtt.prefix",
+                "device id" => "mqtt.device",
+                _ => "mqtt.fleet_group",
+            };
+            return Err(bad(key, format!("{:?}: {}", e.value, e.why)));
+        }
+        if m.username.as_deref() == Some("") {
+            return Err(bad("mqtt.username", "is empty"));
+        }
+        if m.password.is_some() && m.password_file.is_some() {
+            return Err(bad(
+                "mqtt.password_file",
+                "set mqtt.password or mqtt.password_file, not both",
+            ));
+        }
+        if (m.password.is_some() || m.password_file.is_some()) && m.username.is_none() {
+            let key = if m.password.is_some() {
+                "mqtt.password"
+            } else {
+                "mqtt.password_file"
+            };
+            return Err(bad(key, "a password needs mqtt.username"));
+        }
+        if let Some(t) = &m.tls {
+            match (&t.cert_file, &t.key_file) {
+                (Some(_), None) => {
+                    return Err(bad(
+                        "mqtt.tls.key_file",
+                        "mqtt.tls.cert_file is set: a client certificate needs its key",
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(bad(
+                        "mqtt.tls.cert_file",
+                        "mqtt.tls.key_file is set: a client key needs its certificate",
+                    ));
+                }
+                _ => {}
+            }
+            if m.broker == Broker::Embedded {
+                return Err(bad(
+                    "mqtt.tls",
+                    "the embedded broker listens in plaintext on 127.0.0.1; \
+                     TLS needs mqtt.broker = \"host:port\"",
+                ));
+            }
+        }
+        if m.has_credentials()
+            && m.tls.is_none()
+            && !m.broker.is_loopback()
+            && !m.allow_plaintext_credentials
+        {
+            let key = if m.password.is_some() {
+                "mqtt.password"
+            } else if m.password_file.is_some() {
+                "mqtt.password_file"
+            } else {
+                "mqtt.username"
+            };
+            return Err(bad(
+                key,
+                format!(
+                    "credentials would cross the network in plaintext to {}; add [mqtt.tls] \
+                     (ca_file), or set mqtt.allow_plaintext_credentials = true on a trusted network",
+                    m.broker
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_limits(&self) -> Result<(), Bad> {
+        let l = &self.limits;
+        in_range(
+            "limits.max_prompt_bytes",
+            l.max_prompt_bytes,
+            1..=MAX_PAYLOAD,
+        )?;
+        in_range("limits.max_tokens", l.max_tokens, 1..=MAX_CTX)?;
+        in_range("limits.queue_depth", l.queue_depth, 1..=4096)?;
+        in_range("limits.per_source", l.per_source, 1..=usize::MAX)?;
+        in_range("limits.request_timeout_s", l.request_timeout_s, 1..=86_400)?;
+        in_range("limits.max_sessions", l.max_sessions, 1..=65_536)?;
+        Ok(())
+    }
+}
+
+fn validate_serial(i: usize, s: &SerialConfig) -> Result<(), Bad> {
+    let key = |k: &str| format!("serial[{i}].{k}");
+    if s.path.as_os_str().is_empty() {
+        return Err(bad(key("path"), "is empty"));
+    }
+    in_range(&key("baud"), s.baud, 1200..=921_600)?;
+    in_range(&key("data_bits"), s.data_bits, 5..=8)?;
+    in_range(&key("stop_bits"), s.stop_bits, 1..=2)?;
+    in_range(&key("unit_id"), s.unit_id, 1..=247)?;
+    if s.mode == SerialMode::Modbus && s.data_bits != 8 {
+        return Err(bad(
+            key("data_bits"),
+            format!("{}: Modbus RTU uses 8 data bits", s.data_bits),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses TOML into a [`Config`] (not yet validated); errors carry the key's path and the line.
+fn parse(text: &str, origin: &Origin) -> Result<Config, ConfigError> {
+    let line_of = |span: Option<std::ops::Range<usize>>| {
+        span.map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+    };
+    let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Syntax {
+        origin: origin.clone(),
+        line: line_of(e.span()),
+        reason: one_line(e.message()),
+    })?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut key = e.path().to_string();
+        let inner = e.into_inner();
+        let line = line_of(inner.span());
+        let mut reason = one_line(inner.message());
+        // serde names a missing key in the message; the key belongs in the path.
+        if let Some(field) = reason
+            .strip_prefix("missing field `")
+            .and_then(|r| r.strip_suffix('`'))
+        {
+            key = format!("{key}.{field}");
+            reason = "is required".to_owned();
+        }
+        if key.is_empty() || key == "." {
+            ConfigError::Syntax {
+                origin: origin.clone(),
+                line,
+                reason,
+            }
+        } else {
+            ConfigError::Invalid {
+                origin: origin.clone(),
+                line,
+                key,
+                reason,
+            }
+        }
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Reads at most `max` bytes of a file, with its mode (of the file opened, not of a path
+/// that might change between a stat and the read).
+fn read_bounded(path: &Path, max: u64) -> Result<(Vec<u8>, u32), ConfigError> {
+    let read_err = |source| ConfigError::Read {
+        file: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    let too_large = || ConfigError::TooLarge {
+        file: path.to_owned(),
+        max,
+    };
+    if meta.len() > max {
+        return Err(too_large());
+    }
+    let mut buf = Vec::new();
+    file.take(max + 1).read_to_end(&mut buf).map_err(read_err)?;
+    if buf.len() as u64 > max {
+        return Err(too_large());
+    }
+    Ok((buf, meta.permissions().mode()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("256m"), Ok(256 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        for bad in ["", "M", "-1", "1.5G", "99999999999G", "12T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn host_names_become_valid_device_ids() {
+        assert_eq!(device_from_hostname("gw-7.plant"), "gw-7.plant");
+        assert_eq!(device_from_hostname("a/b+c#d$e f"), "a_b_c_d_e_f");
+        assert_eq!(device_from_hostname("$SYS"), "_SYS");
+        assert_eq!(device_from_hostname(""), "edgellm");
+        assert_eq!(device_from_hostname(&"x".repeat(100)).len(), MAX_NAME_LEN);
+        let d = default_device();
+        assert!(Topics::new("edgellm", &d, None).is_ok(), "{d:?}");
+    }
+}

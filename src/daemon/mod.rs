@@ -1,0 +1,13 @@
+//! The daemon layer (`edgellm serve`), above the service and the front ends (`mqtt`, `serial`):
+//! it reads the [`config`], wires the model, the service worker and the front ends together,
+//! and answers to systemd. Nothing below it knows a configuration file exists; each layer
+//! takes its own plain settings struct, which [`Config`]'s getters produce.
+
+mod broker;
+pub mod config;
+
+pub use config::{
+    Broker, Config, ConfigError, LimitsConfig, LogConfig, ModelConfig, MqttConfig, Origin,
+    Overrides, Parity, Protocol, Secret, SerialConfig, SerialFlow, SerialMode, StateConfig,
+    TlsConfig, parse_size,
+};
