@@ -8,7 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s ===\n' "$*"; }
+# Each stage's header says how long the one before it took; the last line gives the total.
+stage_start=$SECONDS
+stage_name=
+step() {
+    [ -z "$stage_name" ] || printf '=== took %ds: %s\n' $((SECONDS - stage_start)) "$stage_name"
+    stage_start=$SECONDS
+    stage_name=$*
+    printf '\n=== %s ===\n' "$*"
+}
+trap '[ -z "$stage_name" ] || printf "=== took %ds: %s\n=== all stages: %ds\n" $((SECONDS - stage_start)) "$stage_name" "$SECONDS"' EXIT
 
 step "setup (apt packages; no-op when installed)"
 if [ "$(id -u)" = 0 ]; then scripts/setup.sh; else sudo scripts/setup.sh; fi
