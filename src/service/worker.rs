@@ -95,7 +95,18 @@ pub struct Counters {
     pub answered: AtomicU64,
     pub failed: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Decode tokens/s of the last answer (`f64` bits).
+    pub last_tps: AtomicU64,
 }
+
+impl Counters {
+    pub fn last_tps(&self) -> f64 {
+        f64::from_bits(self.last_tps.load(Ordering::Relaxed))
+    }
+}
+
+/// Called after the queue or the counters changed (a front end republishes its status).
+pub type Observer = Arc<dyn Fn() + Send + Sync>;
 
 struct Shared {
     state: Mutex<State>,
@@ -103,6 +114,13 @@ struct Shared {
     /// ends (wakes a shutdown waiting for it).
     wake: Condvar,
     counters: Counters,
+    observer: Mutex<Option<Observer>>,
+    /// When the service started: the clock of `progress_ms`.
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the worker's last sign of life (a request taken, a token).
+    progress_ms: AtomicU64,
+    /// The worker is answering a request.
+    busy: AtomicBool,
 }
 
 impl Shared {
@@ -110,6 +128,22 @@ impl Shared {
         // A panic while holding the lock leaves a queue that is still consistent (every
         // mutation is one call): keep serving rather than poison every front end.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changed(&self) {
+        let o = self
+            .observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(o) = o {
+            o();
+        }
+    }
+
+    fn progress(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.progress_ms.store(ms, Ordering::Relaxed);
     }
 }
 
@@ -174,6 +208,7 @@ impl Handle {
                 drop(st);
                 c.accepted.fetch_add(1, Ordering::Relaxed);
                 self.shared.wake.notify_all();
+                self.shared.changed();
                 Ok(ticket)
             }
             Err((full, _)) => {
@@ -233,6 +268,26 @@ impl Handle {
     pub fn counters(&self) -> &Counters {
         &self.shared.counters
     }
+
+    /// Calls `f` whenever a request is queued, started or ended (on the thread that did it:
+    /// `f` must be quick, e.g. wake a task).
+    pub fn set_observer(&self, f: Observer) {
+        *self
+            .shared
+            .observer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// How long the worker has been answering one request without producing anything (zero
+    /// when idle): a stuck engine shows here, and a supervisor's watchdog stops.
+    pub fn stalled_for(&self) -> Duration {
+        if !self.shared.busy.load(Ordering::Relaxed) {
+            return Duration::ZERO;
+        }
+        let now = self.shared.epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.shared.progress_ms.load(Ordering::Relaxed)))
+    }
 }
 
 /// The running service: its worker thread and a handle to it.
@@ -269,6 +324,10 @@ impl Service {
             }),
             wake: Condvar::new(),
             counters: Counters::default(),
+            observer: Mutex::new(None),
+            epoch: Instant::now(),
+            progress_ms: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
         });
         let mut worker = Worker {
             engine,
@@ -389,9 +448,15 @@ impl Worker {
             if let Event::Error(e) = &ev {
                 tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
             }
+            if let Event::Done(d) = &ev {
+                c.last_tps
+                    .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
+            }
             sink.send(ev);
+            self.shared.busy.store(false, Ordering::Relaxed);
             self.shared.lock().running = None;
             self.shared.wake.notify_all();
+            self.shared.changed();
         }
         tracing::debug!("worker stopped");
     }
@@ -405,6 +470,10 @@ impl Worker {
             }
             if let Some(job) = st.queue.pop() {
                 st.running = Some((job.req.id.clone(), Arc::clone(&job.cancel)));
+                self.shared.progress();
+                self.shared.busy.store(true, Ordering::Relaxed);
+                drop(st);
+                self.shared.changed();
                 return Some(job);
             }
             st = self.shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -471,7 +540,9 @@ impl Worker {
         let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
         let mut stream = StreamDecoder::new();
         let (mut gone, mut cancelled, mut timed_out) = (false, false, false);
+        let shared = &self.shared;
         let mut on_token = |t: u32| {
+            shared.progress();
             if tok.is_eog(t) {
                 return true;
             }
