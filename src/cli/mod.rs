@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod ask;
 mod bench;
 mod bench_bw;
 mod bench_restore;
@@ -14,6 +15,7 @@ mod kv;
 mod profile;
 mod quantize;
 mod run;
+mod serve;
 mod tokenize;
 
 /// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).
@@ -43,13 +45,22 @@ enum Command {
     Kv(kv::Args),
     /// Requantize a GGUF model to q4_0, q4_1, q8_0 or f16 (llama.cpp-identical tensor bytes).
     Quantize(quantize::Args),
+    /// Run the appliance daemon: answer requests over MQTT (embedded broker by default).
+    Serve(serve::Args),
+    /// Ask a running daemon a question over MQTT and stream the answer.
+    Ask(ask::Args),
 }
 
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // The daemon sets up its logs itself, at its configuration's level.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging(cli.verbose, "warn");
+    }
     let result = match cli.command {
+        Command::Serve(a) => serve::run(a, cli.verbose),
+        Command::Ask(a) => ask::run(a),
         Command::Run(a) => run::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
@@ -67,12 +78,12 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr (stdout carries the answers): warnings by default, more with -v, or as
-/// `EDGELLM_LOG` says (a tracing filter such as `edgellm=debug`).
-fn init_logging(verbose: u8) {
+/// Logs go to stderr (stdout carries the answers): `default` (a tracing filter) unless -v asks
+/// for more, or as `EDGELLM_LOG` says (a filter such as `edgellm=debug`).
+fn init_logging(verbose: u8, default: &str) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
-        0 => "warn",
+        0 => default,
         1 => "info",
         _ => "debug",
     };

@@ -15,11 +15,11 @@
 //! Messages name keys, never command-line flags: the CLI maps its flags to [`Overrides`].
 
 pub use super::broker::Broker;
-use crate::runtime::MAX_THREADS;
 use crate::engine::store::StoreConfig;
 use crate::engine::{EngineConfig, MAX_CHUNK, MAX_CTX, default_threads};
 use crate::kv::KvType;
 use crate::mqtt::contract::{Limits, MAX_NAME_LEN, NameError, Topics};
+use crate::runtime::MAX_THREADS;
 use crate::service::{ServiceConfig, Sessions};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
@@ -325,6 +325,8 @@ pub struct MqttConfig {
     pub fleet_group: Option<String>,
     #[serde(deserialize_with = "de_size")]
     pub max_payload: u64,
+    /// The embedded broker's MQTT 5 port on 127.0.0.1 (3.1.1 on the next one).
+    pub embedded_port: u16,
 }
 
 impl Default for MqttConfig {
@@ -343,6 +345,7 @@ impl Default for MqttConfig {
             qos: 1,
             fleet_group: None,
             max_payload: 64 << 10,
+            embedded_port: 1883,
         }
     }
 }
@@ -804,6 +807,7 @@ impl Config {
         in_range("mqtt.keepalive_s", m.keepalive_s, 5..=3600)?;
         in_range("mqtt.qos", m.qos, 0..=2)?;
         in_range("mqtt.max_payload", m.max_payload, 1024..=MAX_PAYLOAD)?;
+        in_range("mqtt.embedded_port", m.embedded_port, 1..=65534)?;
         if let Err(e) = self.topics() {
             let key = match e.what {
                 "topic prefix" => "mqtt.prefix",

@@ -5,6 +5,14 @@
 
 mod broker;
 pub mod config;
+#[cfg(feature = "embedded-broker")]
+mod embedded;
+pub mod notify;
+pub mod serve;
+mod status;
+mod tls;
+
+pub use serve::{DaemonError, serve};
 
 pub use config::{
     Broker, Config, ConfigError, LimitsConfig, LogConfig, ModelConfig, MqttConfig, Origin,

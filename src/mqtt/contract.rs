@@ -167,8 +167,18 @@ pub fn parse_request(
         error: ServiceError::new(code, msg),
     };
     if payload.len() > limits.max_payload {
+        // The id, if the oversized payload is JSON that has one, so the client can match the
+        // answer (the payload is bounded by the connection's packet size).
+        #[derive(Deserialize)]
+        struct IdOnly {
+            id: Option<String>,
+        }
+        let id = serde_json::from_slice::<IdOnly>(payload)
+            .ok()
+            .and_then(|v| v.id)
+            .filter(|id| valid_id(id));
         return Err(refuse(
-            None,
+            id,
             ErrorCode::TooLarge,
             format!(
                 "the request is {} bytes; at most {} are accepted",

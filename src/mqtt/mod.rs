@@ -1,4 +1,5 @@
 //! The MQTT front end: [`contract`] turns topics and JSON into service requests and events back
-//! (pure); the client loop that owns the connection comes with the daemon.
+//! (pure); [`client`] is the tokio loop that owns the connection.
 
+pub mod client;
 pub mod contract;

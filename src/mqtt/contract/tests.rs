@@ -181,6 +181,11 @@ fn malformed_requests_are_refused_with_their_id_when_it_can_be_read() {
     }
     let big = format!(r#"{{"id":"big","prompt":"{}"}}"#, "x".repeat(600));
     let r = parse(&big, Origin::Device).unwrap_err();
+    assert_eq!(
+        (r.id.as_deref(), r.error.code),
+        (Some("big"), ErrorCode::TooLarge)
+    );
+    let r = parse(&format!("{}{{", "x".repeat(600)), Origin::Device).unwrap_err();
     assert_eq!((r.id, r.error.code), (None, ErrorCode::TooLarge));
 }
 

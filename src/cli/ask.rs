@@ -1,0 +1,174 @@
+//! `edgellm ask`: one question to a daemon over MQTT 5, the answer streamed to stdout.
+
+use super::CliResult;
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::time::Duration;
+
+/// Ask a running `edgellm serve` a question over MQTT and print the answer as it streams.
+///
+/// Publishes a request on {prefix}/{device}/request with an MQTT 5 response topic and
+/// correlation data (request/response as the MQTT 5 specification describes it), prints each
+/// chunk of the answer as it arrives, and exits 0 on a finished answer, 1 on an error reply or
+/// when no answer comes in time.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  edgellm ask 'What is the boiling point of water?'          # the daemon on this machine
+  edgellm ask --broker 10.0.0.5:1883 --device press-7 --session shift-a 'Status?'
+  edgellm ask --json 'Hi'                                     # the final message, as JSON")]
+pub struct Args {
+    /// The question (a user message; the model's chat template is applied).
+    prompt: String,
+    /// The broker the daemon listens on.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    broker: String,
+    /// The daemon's device id (default: this host's name, as the daemon's default).
+    #[arg(long)]
+    device: Option<String>,
+    /// The daemon's topic prefix.
+    #[arg(long, default_value = "edgellm")]
+    prefix: String,
+    /// A named session on the daemon (its KV cache is kept between questions).
+    #[arg(long)]
+    session: Option<String>,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens in the answer.
+    #[arg(short = 'n', long = "max-tokens")]
+    max_tokens: Option<usize>,
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp")]
+    temperature: Option<f32>,
+    /// Seconds to wait for the whole answer.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// Print the final message as JSON instead of streaming the text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let (host, port) = a
+        .broker
+        .rsplit_once(':')
+        .and_then(|(h, p)| {
+            Some((
+                h.trim_matches(['[', ']']).to_owned(),
+                p.parse::<u16>().ok()?,
+            ))
+        })
+        .ok_or_else(|| format!("--broker {:?}: expected HOST:PORT", a.broker))?;
+    let device = a
+        .device
+        .clone()
+        .unwrap_or_else(edgellm::daemon::config::default_device);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(ask(a, host, port, device))
+}
+
+async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()) << 40;
+    let id = format!("ask-{nonce:x}");
+    let reply = format!("{}/{device}/response/{id}", a.prefix);
+    let mut opts = MqttOptions::new(&id, &host, port);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_clean_start(true)
+        .set_max_packet_size(Some(1 << 20));
+    let (client, mut events) = AsyncClient::new(opts, 16);
+    let mut req = json!({ "id": id, "prompt": a.prompt, "stream": !a.json });
+    for (k, v) in [
+        ("session", a.session.clone().map(Value::from)),
+        ("system", a.system.clone().map(Value::from)),
+        ("max_tokens", a.max_tokens.map(Value::from)),
+        ("temperature", a.temperature.map(Value::from)),
+    ] {
+        if let Some(v) = v {
+            req[k] = v;
+        }
+    }
+    let request_topic = format!("{}/{device}/request", a.prefix);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(a.timeout);
+    let mut out = std::io::stdout().lock();
+    let mut subscribed = false;
+    let mut expect_seq = 0u64;
+    loop {
+        let ev = match tokio::time::timeout_at(deadline, events.poll()).await {
+            Err(_) => return Err(format!("no answer from {device} within {} s", a.timeout).into()),
+            Ok(Err(e)) => return Err(format!("MQTT broker {host}:{port}: {e}").into()),
+            Ok(Ok(ev)) => ev,
+        };
+        match ev {
+            Event::Incoming(Packet::ConnAck(_)) if !subscribed => {
+                client.subscribe(&reply, QoS::AtLeastOnce).await?;
+            }
+            // Publish only once the answer's topic is subscribed: nothing can be missed.
+            Event::Incoming(Packet::SubAck(_)) if !subscribed => {
+                subscribed = true;
+                let props = PublishProperties {
+                    response_topic: Some(reply.clone()),
+                    correlation_data: Some(Bytes::from(id.clone().into_bytes())),
+                    content_type: Some("application/json".into()),
+                    ..Default::default()
+                };
+                client
+                    .publish_with_properties(
+                        &request_topic,
+                        QoS::AtLeastOnce,
+                        false,
+                        req.to_string(),
+                        props,
+                    )
+                    .await?;
+            }
+            Event::Incoming(Packet::Publish(p)) => {
+                let v: Value = serde_json::from_slice(&p.payload)
+                    .map_err(|e| format!("the daemon's answer is not JSON: {e}"))?;
+                if v["id"] != json!(id) && !v["id"].is_null() {
+                    continue;
+                }
+                if let Some(e) = v.get("error") {
+                    let _ = client.disconnect().await;
+                    return Err(format!(
+                        "{}: {}",
+                        e["code"].as_str().unwrap_or("error"),
+                        e["message"].as_str().unwrap_or("")
+                    )
+                    .into());
+                }
+                if v["done"] == json!(false) {
+                    if v["seq"] != json!(expect_seq) {
+                        return Err(
+                            format!("chunk {} arrived, {expect_seq} expected", v["seq"]).into()
+                        );
+                    }
+                    expect_seq += 1;
+                    out.write_all(v["delta"].as_str().unwrap_or("").as_bytes())?;
+                    out.flush()?;
+                    continue;
+                }
+                if a.json {
+                    writeln!(out, "{v}")?;
+                } else if !a.json && expect_seq == 0 {
+                    // The daemon sent no chunks (nothing streamed): the whole text now.
+                    writeln!(out, "{}", v["text"].as_str().unwrap_or(""))?;
+                } else {
+                    writeln!(out)?;
+                }
+                let _ = client.disconnect().await;
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `edgellm serve`: the daemon.
+
+use super::CliResult;
+use edgellm::daemon::config::{Config, Overrides};
+use std::path::PathBuf;
+
+/// Run the appliance: load the model once, answer requests over MQTT until stopped.
+///
+/// With no configuration at all it serves the default model (SmolLM2-135M Q4_0 from the
+/// models/ cache) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
+/// 1884), so one command brings up a working appliance offline. Flags override the file.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  edgellm serve                                   # embedded broker, default model
+  edgellm serve --config /etc/edgellm/edgellm.toml
+  edgellm serve --mqtt 192.168.1.10:1883 --device press-7 --state-dir /var/lib/edgellm
+  edgellm serve --config edgellm.toml --check     # validate and exit 0 (valid) or 1
+
+Requests go to {prefix}/{device}/request, answers to the MQTT 5 response topic (or
+{prefix}/{device}/response/{id}), the retained status to {prefix}/{device}/status
+(docs/mqtt.md). Under systemd (Type=notify) it reports READY=1 once serving, and pings the
+watchdog while the engine makes progress. SIGTERM: stop taking requests, finish the answer
+in progress (cancelled after 10 s), publish the offline status, exit 0.")]
+pub struct Args {
+    /// Configuration file (TOML, docs/config.md). Without it: the embedded default.
+    #[arg(long, env = "EDGELLM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Validate the configuration (and that the model file exists), print it, exit.
+    #[arg(long)]
+    check: bool,
+    /// Model file (.gguf); default: the models/ cache's SmolLM2-135M Q4_0.
+    #[arg(short = 'm', long)]
+    model: Option<PathBuf>,
+    /// The broker: HOST:PORT, `embedded` (start one on 127.0.0.1) or `off`.
+    #[arg(long)]
+    mqtt: Option<String>,
+    /// The device id in the topics (default: the host name).
+    #[arg(long)]
+    device: Option<String>,
+    /// Keep named sessions and system prompts here (survive restarts).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Worker threads (default: the big cores, else all).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Context length in tokens.
+    #[arg(short = 'c', long)]
+    ctx: Option<usize>,
+}
+
+/// The default model: where `models/fetch.sh` puts it.
+fn default_model() -> PathBuf {
+    let cache = std::env::var_os("EDGELLM_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/edgellm")))
+        .unwrap_or_else(|| PathBuf::from("/var/lib/edgellm"));
+    cache.join("models/smollm2-135m-q4_0.gguf")
+}
+
+/// The configuration this invocation asks for: the file (or the default) with the flags on it.
+pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    cfg.apply(&Overrides {
+        model: a.model.clone(),
+        mqtt: a.mqtt.clone(),
+        device: a.device.clone(),
+        state_dir: a.state_dir.clone(),
+        threads: a.threads,
+        ctx: a.ctx,
+    })
+    .map_err(|e| e.to_string())?;
+    let model = cfg.model.path.clone().unwrap_or_else(default_model);
+    if !model.is_file() {
+        return Err(if cfg.model.path.is_none() {
+            format!(
+                "no model at {}: fetch the default model with models/fetch.sh, or give --model \
+                 (or model.path in the configuration)",
+                model.display()
+            )
+        } else {
+            format!("{}: no such model file", model.display())
+        });
+    }
+    Ok((cfg, model))
+}
+
+pub fn run(a: Args, verbose: u8) -> CliResult {
+    let (cfg, model) = match config(&a) {
+        Ok(c) => c,
+        Err(e) => {
+            super::init_logging(verbose, "info");
+            return Err(e.into());
+        }
+    };
+    super::init_logging(verbose, &cfg.log.level);
+    if a.check {
+        println!(
+            "configuration OK: model {}, mqtt {}, device {}",
+            model.display(),
+            cfg.mqtt.broker,
+            cfg.mqtt.device
+        );
+        return Ok(());
+    }
+    edgellm::daemon::serve::serve(cfg, model)?;
+    Ok(())
+}

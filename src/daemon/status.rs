@@ -1,0 +1,169 @@
+//! The daemon's status, as the retained JSON on `{prefix}/{device}/status`: what it runs, how
+//! it is doing, and its counters.
+
+use crate::engine::Engine;
+use crate::service::Handle;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// The daemon's state as published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Online,
+    Busy,
+    Offline,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Online => "online",
+            State::Busy => "busy",
+            State::Offline => "offline",
+        }
+    }
+}
+
+/// What does not change while the daemon runs, and the clock of its uptime.
+pub struct StatusBoard {
+    model_name: String,
+    model_file: PathBuf,
+    quant: String,
+    kernels: &'static str,
+    threads: usize,
+    ctx: usize,
+    board: Option<String>,
+    started: Instant,
+    /// The model file's SHA-256, hashed in the background after start (empty until then).
+    sha256: Arc<OnceLock<String>>,
+}
+
+impl StatusBoard {
+    pub fn new(
+        engine: &Engine,
+        file: &Path,
+        board: Option<String>,
+        started: Instant,
+    ) -> StatusBoard {
+        let model = engine.model();
+        let md = model.gguf().metadata();
+        let model_name = md
+            .opt_str("general.name")
+            .ok()
+            .flatten()
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                file.file_stem()
+                    .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+            });
+        // The type holding most of the weights' bytes (the "Q4_0" of a Q4_0 file).
+        let mut by_type: Vec<(crate::gguf::GgmlType, u64)> = Vec::new();
+        for t in model.gguf().tensors().iter().filter(|t| t.dims.len() == 2) {
+            match by_type.iter_mut().find(|(ty, _)| *ty == t.ty) {
+                Some((_, n)) => *n += t.size,
+                None => by_type.push((t.ty, t.size)),
+            }
+        }
+        let quant = by_type
+            .iter()
+            .max_by_key(|(_, n)| *n)
+            .map_or("unknown", |(ty, _)| ty.name())
+            .to_ascii_uppercase();
+        let sha256 = Arc::new(OnceLock::new());
+        let (slot, path) = (Arc::clone(&sha256), file.to_path_buf());
+        // A hash of ~100 MB costs a few hundred ms of one core: not on the way to READY.
+        let _ = std::thread::Builder::new()
+            .name("edgellm-sha256".into())
+            .spawn(move || {
+                if let Ok(h) = sha256_file(&path) {
+                    let _ = slot.set(h);
+                }
+            });
+        StatusBoard {
+            model_name,
+            model_file: file.to_path_buf(),
+            quant,
+            kernels: engine.kernels().name(),
+            threads: engine.config().threads,
+            ctx: engine.config().n_ctx,
+            board,
+            started,
+            sha256,
+        }
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+    pub fn kernels(&self) -> &'static str {
+        self.kernels
+    }
+
+    /// What the status shows besides the uptime: when it changes, the status is republished.
+    pub fn key(&self, h: &Handle) -> (bool, usize, [u64; 5], bool) {
+        let c = h.counters();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        (
+            h.running().is_some(),
+            h.queue_len(),
+            [
+                n(&c.accepted),
+                n(&c.answered),
+                n(&c.failed),
+                n(&c.cancelled),
+                n(&c.busy),
+            ],
+            self.sha256.get().is_some(),
+        )
+    }
+
+    pub fn json(&self, state: State, h: &Handle) -> Vec<u8> {
+        let c = h.counters();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "state": state.as_str(),
+            "model": {
+                "name": self.model_name,
+                "file": self.model_file,
+                "sha256": self.sha256.get(),
+                "quant": self.quant,
+            },
+            "kernels": self.kernels,
+            "threads": self.threads,
+            "ctx": self.ctx,
+            "board": self.board,
+            "uptime_s": self.started.elapsed().as_secs(),
+            "queue_depth": h.queue_len(),
+            "running": h.running(),
+            "counters": {
+                "accepted": n(&c.accepted),
+                "answered": n(&c.answered),
+                "failed": n(&c.failed),
+                "cancelled": n(&c.cancelled),
+                "busy": n(&c.busy),
+            },
+            "last_decode_tps": (c.last_tps() * 10.0).round() / 10.0,
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(crate::kv::snapshot::hex(&h.finalize()))
+}
