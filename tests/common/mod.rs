@@ -7,6 +7,8 @@
 //! fetched fails the test with a message saying why: it is never skipped.
 #![allow(dead_code)]
 
+pub mod mqtt;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,250 @@
+//! Real parts for the MQTT tests: a Mosquitto broker on a free loopback port with a config the
+//! test writes, and `edgellm serve` as a child process whose systemd notifications the test
+//! receives on its own `NOTIFY_SOCKET`.
+#![allow(dead_code)]
+
+use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port nobody listens on now (bound and released: the tests run one broker each).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_listening(port: u16, what: &str) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "{what} is not listening on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Mosquitto broker, killed when dropped.
+pub struct Mosquitto {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    /// Anonymous clients on 127.0.0.1, no persistence.
+    pub fn start() -> Mosquitto {
+        Mosquitto::with_config("allow_anonymous true\n")
+    }
+
+    /// `extra` is added to a config that listens on a free loopback port.
+    pub fn with_config(extra: &str) -> Mosquitto {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!("listener {port} 127.0.0.1\npersistence false\nlog_dest stderr\n{extra}"),
+        )
+        .unwrap();
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto (Debian package mosquitto; scripts/setup.sh installs it)");
+        wait_listening(port, "mosquitto");
+        Mosquitto {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `edgellm serve` as a child process; SIGTERM then SIGKILL when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub notify: UnixDatagram,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// Starts `edgellm serve ARGS` with `env`, and waits for its `READY=1`.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let d = Daemon::spawn(args, env);
+        let got = d.wait_notify("READY=1", Duration::from_secs(60));
+        assert!(
+            got.contains("READY=1"),
+            "no READY=1: {got}\n{}",
+            d.log_text()
+        );
+        d
+    }
+
+    /// Starts it without waiting.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("notify");
+        let notify = UnixDatagram::bind(&sock).unwrap();
+        let log = dir.path().join("daemon.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_edgellm"));
+        cmd.arg("serve")
+            .args(args)
+            .env("NOTIFY_SOCKET", &sock)
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("EDGELLM_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn edgellm serve");
+        Daemon {
+            child,
+            notify,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Notifications until one contains `want` (or `within` passes); all of them, joined.
+    pub fn wait_notify(&self, want: &str, within: Duration) -> String {
+        let until = Instant::now() + within;
+        let mut all = String::new();
+        let mut buf = [0u8; 4096];
+        while Instant::now() < until {
+            self.notify
+                .set_read_timeout(Some(
+                    until
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ))
+                .unwrap();
+            match self.notify.recv(&mut buf) {
+                Ok(n) => {
+                    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    all.push_str(&msg);
+                    all.push('\n');
+                    if msg.contains(want) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        all
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL after `within`).
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let until = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!(
+                    "the daemon did not stop within {within:?} of SIGTERM\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `edgellm ARGS`.
+pub fn edgellm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(args)
+        .output()
+        .expect("run edgellm")
+}
+
+/// `mosquitto_sub` collecting `count` messages on `topic` (or stopping after `secs`), started
+/// before the caller publishes: returns the child, to be read with [`collect`].
+pub fn subscribe(port: u16, topic: &str, count: usize, secs: u64) -> Child {
+    let child = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            topic,
+            "-q",
+            "1",
+            "-v",
+        ])
+        .args(["-C", &count.to_string(), "-W", &secs.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mosquitto_sub (Debian package mosquitto-clients)");
+    // mosquitto_sub subscribes right after it connects; give it that moment.
+    std::thread::sleep(Duration::from_millis(300));
+    child
+}
+
+/// The `(topic, payload)` lines a [`subscribe`] child printed.
+pub fn collect(child: Child) -> Vec<(String, String)> {
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(t, p)| (t.to_owned(), p.to_owned())))
+        .collect()
+}
+
+/// `mosquitto_pub` of `payload` to `topic`.
+pub fn publish(port: u16, topic: &str, payload: &[u8]) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), payload).unwrap();
+    let st = Command::new("mosquitto_pub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            topic,
+            "-q",
+            "1",
+            "-f",
+        ])
+        .arg(file.path())
+        .status()
+        .expect("mosquitto_pub");
+    assert!(st.success(), "mosquitto_pub failed");
+}
+
+pub fn model_arg(p: &Path) -> String {
+    p.to_str().unwrap().to_owned()
+}
