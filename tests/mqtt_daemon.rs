@@ -298,3 +298,33 @@ fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
         "{v}"
     );
 }
+
+#[test]
+fn ask_waits_for_the_device_to_come_online_before_it_asks() {
+    let broker = Mosquitto::start();
+    let b = format!("127.0.0.1:{}", broker.port);
+    // Asked before the daemon exists: the request must not be sent into the void.
+    let asker = std::process::Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args([
+            "ask",
+            "--broker",
+            &b,
+            "--device",
+            DEVICE,
+            "--timeout",
+            "60",
+            "-n",
+            "4",
+            "--json",
+            "Hi",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let _d = serve(broker.port, &[]);
+    let out = asker.wait_with_output().unwrap();
+    let v = json_line(&out);
+    assert_eq!(v["done"], true, "{v}");
+}

@@ -98,38 +98,53 @@ async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
         }
     }
     let request_topic = format!("{}/{device}/request", a.prefix);
+    let status_topic = format!("{}/{device}/status", a.prefix);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.timeout);
     let mut out = std::io::stdout().lock();
     let mut subscribed = false;
+    let mut asked = false;
+    let mut said_offline = false;
+    let mut online = false;
+    let mut last_error: Option<String> = None;
     let mut expect_seq = 0u64;
     loop {
         let ev = match tokio::time::timeout_at(deadline, events.poll()).await {
+            Err(_) if !asked => {
+                let why = match &last_error {
+                    Some(e) if !subscribed => format!("MQTT broker {host}:{port}: {e}"),
+                    _ => format!("no online status on {status_topic}"),
+                };
+                return Err(format!("{device} is not online within {} s: {why}", a.timeout).into());
+            }
             Err(_) => return Err(format!("no answer from {device} within {} s", a.timeout).into()),
+            // A broker not up yet (the daemon's embedded one, starting): try again until the
+            // deadline; once asked, a lost connection loses the answer.
+            Ok(Err(e)) if !asked => {
+                last_error = Some(e.to_string());
+                subscribed = false;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
             Ok(Err(e)) => return Err(format!("MQTT broker {host}:{port}: {e}").into()),
             Ok(Ok(ev)) => ev,
         };
         match ev {
             Event::Incoming(Packet::ConnAck(_)) if !subscribed => {
-                client.subscribe(&reply, QoS::AtLeastOnce).await?;
+                let topics = [&reply, &status_topic]
+                    .map(|t| rumqttc::v5::mqttbytes::v5::Filter::new(t.as_str(), QoS::AtLeastOnce));
+                client.subscribe_many(topics).await?;
             }
-            // Publish only once the answer's topic is subscribed: nothing can be missed.
-            Event::Incoming(Packet::SubAck(_)) if !subscribed => {
-                subscribed = true;
-                let props = PublishProperties {
-                    response_topic: Some(reply.clone()),
-                    correlation_data: Some(Bytes::from(id.clone().into_bytes())),
-                    content_type: Some("application/json".into()),
-                    ..Default::default()
-                };
-                client
-                    .publish_with_properties(
-                        &request_topic,
-                        QoS::AtLeastOnce,
-                        false,
-                        req.to_string(),
-                        props,
-                    )
-                    .await?;
+            Event::Incoming(Packet::SubAck(_)) => subscribed = true,
+            Event::Incoming(Packet::Publish(p)) if p.topic == status_topic.as_bytes() => {
+                let state = serde_json::from_slice::<Value>(&p.payload)
+                    .ok()
+                    .and_then(|v| v["state"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                online = state == "online" || state == "busy";
+                if !online && !said_offline && !asked {
+                    eprintln!("edgellm: {device} is {state}; waiting for it to come online");
+                    said_offline = true;
+                }
             }
             Event::Incoming(Packet::Publish(p)) => {
                 let v: Value = serde_json::from_slice(&p.payload)
@@ -169,6 +184,27 @@ async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
                 return Ok(());
             }
             _ => {}
+        }
+        // Ask once the device says it is online (its retained status; a request sent before
+        // the daemon subscribed would be lost) and our subscriptions are in place (so nothing
+        // of the answer can be missed), whichever of the two came first.
+        if subscribed && online && !asked {
+            asked = true;
+            let props = PublishProperties {
+                response_topic: Some(reply.clone()),
+                correlation_data: Some(Bytes::from(id.clone().into_bytes())),
+                content_type: Some("application/json".into()),
+                ..Default::default()
+            };
+            client
+                .publish_with_properties(
+                    &request_topic,
+                    QoS::AtLeastOnce,
+                    false,
+                    req.to_string(),
+                    props,
+                )
+                .await?;
         }
     }
 }

@@ -156,10 +156,21 @@ pub async fn run(
         Arc::clone(&answered),
         s.qos,
     ));
+    // The status goes out once requests can arrive (a client that sees "online" may ask at
+    // once), again after every reconnection (a broker restarted without persistence lost the
+    // retained one), and whenever it changes.
+    let (up_tx, mut up) = watch::channel(0u64);
     let status_client = client.clone();
     let status_topic = s.topics.status.clone();
     let status_task = tokio::spawn(async move {
         loop {
+            tokio::select! {
+                r = up.changed() => if r.is_err() { break },
+                r = status.changed() => if r.is_err() { break },
+            }
+            if *up.borrow_and_update() == 0 {
+                continue;
+            }
             let body = status.borrow_and_update().clone();
             if status_client
                 .publish(&status_topic, QoS::AtLeastOnce, true, body)
@@ -168,11 +179,14 @@ pub async fn run(
             {
                 break;
             }
-            if status.changed().await.is_err() {
-                break;
-            }
         }
     });
+    let connected = |ready: &mut Option<tokio::sync::oneshot::Sender<()>>| {
+        if let Some(r) = ready.take() {
+            let _ = r.send(());
+        }
+        up_tx.send_modify(|n| *n += 1);
+    };
 
     let mut backoff = Backoff::new();
     loop {
@@ -184,17 +198,14 @@ pub async fn run(
             Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
                 backoff.reset();
                 tracing::info!(broker = %format!("{}:{}", s.host, s.port), session_present = ack.session_present, "MQTT connected");
-                if !ack.session_present {
+                if ack.session_present {
+                    connected(&mut ready);
+                } else {
                     subscribe(&client, &s.topics, s.qos);
-                } else if let Some(r) = ready.take() {
-                    let _ = r.send(());
                 }
             }
-            Ok(MqttEvent::Incoming(Packet::SubAck(_))) => {
-                if let Some(r) = ready.take() {
-                    let _ = r.send(());
-                }
-            }
+            // Our only SUBSCRIBE of a connection: every topic is in place.
+            Ok(MqttEvent::Incoming(Packet::SubAck(_))) => connected(&mut ready),
             Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
                 on_publish(&s, &service, &client, &tx, &answered, &ids, p);
             }
