@@ -96,7 +96,14 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
             return Err(e.into());
         }
     };
-    super::init_logging(verbose, &cfg.log.level);
+    // The embedded broker logs every connection at info and every disconnect as an error:
+    // noise in a field log. EDGELLM_LOG=rumqttd=info (or log.level) brings it back.
+    let level = if cfg.log.level.contains("rumqttd") {
+        cfg.log.level.clone()
+    } else {
+        format!("{},rumqttd=off", cfg.log.level)
+    };
+    super::init_logging(verbose, &level);
     if a.check {
         println!(
             "configuration OK: model {}, mqtt {}, device {}",

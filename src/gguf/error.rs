@@ -120,7 +120,7 @@ pub enum GgufError {
     /// `mlock` failed: usually RLIMIT_MEMLOCK.
     #[error(
         "cannot lock {bytes} bytes of model in memory ({source}); raise the limit \
-         (`ulimit -l unlimited`, or LimitMEMLOCK=infinity in the systemd unit) or run without --mlock"
+         (`ulimit -l unlimited`, or LimitMEMLOCK=infinity in the systemd unit) or do not lock the model (mlock off)"
     )]
     Lock { bytes: u64, source: std::io::Error },
 }
