@@ -563,11 +563,8 @@ impl Worker {
             true
         };
         let gen_start = Instant::now();
-        let (out, report) = match &mut self.sessions {
-            Store::None(scratch) => {
-                if req.session.is_some() {
-                    return Err(no_sessions());
-                }
+        let (out, report) = match (&mut self.sessions, &req.session) {
+            (Store::None(scratch) | Store::Dir(_, scratch), None) => {
                 let out = engine.generate(
                     scratch,
                     &built.ids,
@@ -578,10 +575,8 @@ impl Worker {
                 )?;
                 (out, None)
             }
-            Store::File(f) => {
-                if req.session.is_some() {
-                    return Err(no_sessions());
-                }
+            (Store::None(_) | Store::File(_), Some(_)) => return Err(no_sessions()),
+            (Store::File(f), None) => {
                 let (out, turn) = f.generate(
                     engine,
                     &built.ids,
@@ -592,35 +587,22 @@ impl Worker {
                 )?;
                 (out, Some(SessionReport::of(None, turn)))
             }
-            Store::Dir(store, scratch) => match &req.session {
-                None => {
-                    let out = engine.generate(
-                        scratch,
-                        &built.ids,
-                        &params,
-                        &mut sampler,
-                        &is_eog,
-                        &mut on_token,
-                    )?;
-                    (out, None)
-                }
-                Some(id) => {
-                    let system = cache_system_prompt(store, engine, &built);
-                    let (out, turn) = store.generate(
-                        engine,
-                        id,
-                        &built.ids,
-                        &params,
-                        &mut sampler,
-                        &is_eog,
-                        &mut on_token,
-                    )?;
-                    let mut r = SessionReport::of(Some(id), turn);
-                    r.status = Some(store.status());
-                    r.system_prompt = system;
-                    (out, Some(r))
-                }
-            },
+            (Store::Dir(store, _), Some(id)) => {
+                let system = cache_system_prompt(store, engine, &built);
+                let (out, turn) = store.generate(
+                    engine,
+                    id,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                let mut r = SessionReport::of(Some(id), turn);
+                r.status = Some(store.status());
+                r.system_prompt = system;
+                (out, Some(r))
+            }
         };
         let tail = stream.finish();
         text.push_str(&tail);

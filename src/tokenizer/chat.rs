@@ -453,7 +453,10 @@ mod tests {
         let r = t
             .render_protected(None, &[ChatMessage::new("user", "  hi  ")], false)
             .unwrap();
-        assert_eq!((r.text.as_str(), r.ranges()), ("[hi]", vec![std::ops::Range { start: 1, end: 3 }]));
+        assert_eq!(
+            (r.text.as_str(), r.ranges()),
+            ("[hi]", vec![std::ops::Range { start: 1, end: 3 }])
+        );
         let upper = "{% for m in messages %}[{{ m.content | upper }}]{% endfor %}";
         let t = ChatTemplate::new(upper, "", "").unwrap();
         let err = t
