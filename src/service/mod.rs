@@ -16,6 +16,7 @@
 //! Errors carry a small, stable [`ErrorCode`] and a message for a person that names no
 //! command-line flag: a PLC operator reads it on a panel, not in a shell.
 
+mod answer;
 pub mod prompt;
 pub mod queue;
 pub mod worker;

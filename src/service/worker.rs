@@ -4,17 +4,14 @@
 //! Front ends hold a [`Handle`] (cheap to clone, `Send + Sync`): `submit` queues a request or
 //! answers `busy` at once, `cancel` stops one by id, whether it is waiting or being answered.
 //! An idle worker sleeps on a condition variable (no CPU); the compute pool's threads park
-//! between requests too. Cancellation and deadlines are checked between tokens.
+//! between requests too. Cancellation and deadlines are checked between tokens. The worker's
+//! side — taking a request and answering it — is in `answer.rs`.
 
-use super::prompt::{self, Built};
+use super::answer::{Store, Worker};
 use super::queue::{FairQueue, Full};
-use super::{
-    Chunk, Done, ErrorCode, Event, FinishReason, Request, ServiceError, SessionReport, Timings,
-    Usage,
-};
-use crate::engine::store::{SessionFile, SessionStore, Source, StoreConfig};
-use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
-use crate::tokenizer::{ChatTemplate, StreamDecoder};
+use super::{ErrorCode, Event, Request, ServiceError};
+use crate::engine::Engine;
+use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -73,18 +70,18 @@ impl Sink for std::sync::mpsc::Sender<Event> {
     }
 }
 
-struct Job {
-    req: Request,
-    sink: Box<dyn Sink>,
-    cancel: Arc<AtomicBool>,
-    submitted: Instant,
+pub(super) struct Job {
+    pub(super) req: Request,
+    pub(super) sink: Box<dyn Sink>,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) submitted: Instant,
 }
 
-struct State {
-    queue: FairQueue<Job>,
+pub(super) struct State {
+    pub(super) queue: FairQueue<Job>,
     /// The request being answered: its id and cancel flag.
-    running: Option<(String, Arc<AtomicBool>)>,
-    closed: bool,
+    pub(super) running: Option<(String, Arc<AtomicBool>)>,
+    pub(super) closed: bool,
 }
 
 /// Counters since start, for a status report.
@@ -108,29 +105,29 @@ impl Counters {
 /// Called after the queue or the counters changed (a front end republishes its status).
 pub type Observer = Arc<dyn Fn() + Send + Sync>;
 
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
     /// Signalled when a job is queued or the service closes (wakes the worker), and when a job
     /// ends (wakes a shutdown waiting for it).
-    wake: Condvar,
-    counters: Counters,
+    pub(super) wake: Condvar,
+    pub(super) counters: Counters,
     observer: Mutex<Option<Observer>>,
     /// When the service started: the clock of `progress_ms`.
     epoch: Instant,
     /// Milliseconds after `epoch` of the worker's last sign of life (a request taken, a token).
     progress_ms: AtomicU64,
     /// The worker is answering a request.
-    busy: AtomicBool,
+    pub(super) busy: AtomicBool,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves a queue that is still consistent (every
         // mutation is one call): keep serving rather than poison every front end.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn changed(&self) {
+    pub(super) fn changed(&self) {
         let o = self
             .observer
             .lock()
@@ -141,7 +138,7 @@ impl Shared {
         }
     }
 
-    fn progress(&self) {
+    pub(super) fn progress(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
         self.progress_ms.store(ms, Ordering::Relaxed);
     }
@@ -405,322 +402,4 @@ impl Drop for Service {
             self.stop(Duration::ZERO);
         }
     }
-}
-
-/// The sessions a worker answers in.
-enum Store {
-    /// No sessions: every request in one scratch session.
-    None(Session),
-    File(SessionFile),
-    /// A state directory, and a scratch session for requests that name none.
-    Dir(SessionStore, Session),
-}
-
-struct Worker {
-    engine: Engine,
-    template: Option<ChatTemplate>,
-    sessions: Store,
-    max_prompt_bytes: usize,
-    shared: Arc<Shared>,
-}
-
-impl Worker {
-    fn run(&mut self) {
-        while let Some(job) = self.next() {
-            let Job {
-                req,
-                mut sink,
-                cancel,
-                submitted,
-            } = job;
-            let ev = self.answer(&req, sink.as_mut(), &cancel, submitted);
-            let c = &self.shared.counters;
-            match &ev {
-                Event::Done(d) if matches!(d.finish_reason, FinishReason::Cancelled) => {
-                    c.cancelled.fetch_add(1, Ordering::Relaxed)
-                }
-                Event::Done(_) => c.answered.fetch_add(1, Ordering::Relaxed),
-                Event::Error(e) if e.code == ErrorCode::Cancelled => {
-                    c.cancelled.fetch_add(1, Ordering::Relaxed)
-                }
-                _ => c.failed.fetch_add(1, Ordering::Relaxed),
-            };
-            if let Event::Error(e) = &ev {
-                tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
-            }
-            if let Event::Done(d) = &ev {
-                c.last_tps
-                    .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
-            }
-            sink.send(ev);
-            self.shared.busy.store(false, Ordering::Relaxed);
-            self.shared.lock().running = None;
-            self.shared.wake.notify_all();
-            self.shared.changed();
-        }
-        tracing::debug!("worker stopped");
-    }
-
-    /// Waits (asleep) for the next job; `None` once the service is closed.
-    fn next(&self) -> Option<Job> {
-        let mut st = self.shared.lock();
-        loop {
-            if st.closed {
-                return None;
-            }
-            if let Some(job) = st.queue.pop() {
-                st.running = Some((job.req.id.clone(), Arc::clone(&job.cancel)));
-                self.shared.progress();
-                self.shared.busy.store(true, Ordering::Relaxed);
-                drop(st);
-                self.shared.changed();
-                return Some(job);
-            }
-            st = self.shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    /// Answers one request; returns its last event (`Done` or `Error`), the `Text` events
-    /// having gone to `sink` already.
-    fn answer(
-        &mut self,
-        req: &Request,
-        sink: &mut dyn Sink,
-        cancel: &AtomicBool,
-        submitted: Instant,
-    ) -> Event {
-        let started = Instant::now();
-        let queue_ms = ms(submitted, started);
-        if cancel.load(Ordering::Relaxed) {
-            return error(ErrorCode::Cancelled, "cancelled before its answer started");
-        }
-        if req.deadline.is_some_and(|d| started >= d) {
-            return error(
-                ErrorCode::Timeout,
-                format!("its deadline passed after {queue_ms:.0} ms in the queue"),
-            );
-        }
-        match self.generate(req, sink, cancel, started) {
-            Ok(mut done) => {
-                done.timings.queue_ms = queue_ms;
-                Event::Done(Box::new(done))
-            }
-            Err(e) => Event::Error(e),
-        }
-    }
-
-    fn generate(
-        &mut self,
-        req: &Request,
-        sink: &mut dyn Sink,
-        cancel: &AtomicBool,
-        started: Instant,
-    ) -> Result<Done, ServiceError> {
-        if let Err(e) = req.sampling.validate() {
-            return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
-        }
-        let engine = &mut self.engine;
-        let model = Arc::clone(engine.model());
-        let tok = &model.tokenizer;
-        let n_ctx = engine.config().n_ctx;
-        let built = prompt::build(
-            tok,
-            self.template.as_ref(),
-            req,
-            n_ctx,
-            self.max_prompt_bytes,
-        )?;
-        let params = GenParams {
-            max_tokens: req.max_tokens,
-            top_logits: req.top_logits,
-        };
-        let mut sampler = Sampler::new(req.sampling.clone(), model.hp.n_vocab);
-        let is_eog = |t: u32| tok.is_eog(t);
-
-        let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
-        let mut stream = StreamDecoder::new();
-        let (mut gone, mut cancelled, mut timed_out) = (false, false, false);
-        let shared = &self.shared;
-        let mut on_token = |t: u32| {
-            shared.progress();
-            if tok.is_eog(t) {
-                return true;
-            }
-            let start = text.len();
-            stream.push_into(tok.token_to_piece(t), &mut text);
-            if !send_text(sink, &text[start..]) {
-                gone = true;
-                return false;
-            }
-            if cancel.load(Ordering::Relaxed) {
-                cancelled = true;
-                return false;
-            }
-            if req.deadline.is_some_and(|d| Instant::now() >= d) {
-                timed_out = true;
-                return false;
-            }
-            true
-        };
-        let gen_start = Instant::now();
-        let (out, report) = match (&mut self.sessions, &req.session) {
-            (Store::None(scratch) | Store::Dir(_, scratch), None) => {
-                let out = engine.generate(
-                    scratch,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                (out, None)
-            }
-            (Store::None(_) | Store::File(_), Some(_)) => return Err(no_sessions()),
-            (Store::File(f), None) => {
-                let (out, turn) = f.generate(
-                    engine,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                (out, Some(SessionReport::of(None, turn)))
-            }
-            (Store::Dir(store, _), Some(id)) => {
-                let system = cache_system_prompt(store, engine, &built);
-                let (out, turn) = store.generate(
-                    engine,
-                    id,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                let mut r = SessionReport::of(Some(id), turn);
-                r.status = Some(store.status());
-                r.system_prompt = system;
-                (out, Some(r))
-            }
-        };
-        let tail = stream.finish();
-        text.push_str(&tail);
-        if !gone {
-            send_text(sink, &tail);
-        }
-        let finish = match out.finish {
-            _ if timed_out => FinishReason::Timeout,
-            _ if cancelled || gone => FinishReason::Cancelled,
-            crate::engine::FinishReason::Eog => FinishReason::Eog,
-            crate::engine::FinishReason::Length => FinishReason::Length,
-            crate::engine::FinishReason::ContextFull => FinishReason::ContextFull,
-            crate::engine::FinishReason::Cancelled => FinishReason::Cancelled,
-        };
-        let recomputed = report.as_ref().map_or(0, |r| match r.source {
-            Source::File { recomputed, .. } | Source::Refused { recomputed, .. } => recomputed,
-            _ => 0,
-        });
-        let before_gen = ms(started, gen_start);
-        Ok(done(
-            req, built, text, finish, out, recomputed, before_gen, report,
-        ))
-    }
-}
-
-/// Caches the system prompt's prefix for `built`'s conversation (a failure only costs speed).
-fn cache_system_prompt(
-    store: &mut SessionStore,
-    engine: &mut Engine,
-    built: &Built,
-) -> Option<crate::engine::store::PrefixReport> {
-    let prefix = built.system_prefix.as_ref()?;
-    let n = prefix
-        .iter()
-        .zip(&built.ids)
-        .take_while(|(a, b)| a == b)
-        .count();
-    // Worth caching when the prompt begins with it and goes on past it.
-    if n < 2 || n >= built.ids.len() {
-        return None;
-    }
-    match store.add_system_prompt(engine, &built.ids[..n]) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::warn!("system prompt not cached: {e}");
-            None
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn done(
-    req: &Request,
-    built: Built,
-    text: String,
-    finish_reason: FinishReason,
-    out: GenOutput,
-    recomputed: usize,
-    before_gen_ms: f64,
-    session: Option<SessionReport>,
-) -> Done {
-    let t = &out.timings;
-    // Positions recomputed from a damaged file's tokens were computed for this answer.
-    let recomputed = recomputed.min(t.restored_tokens);
-    Done {
-        id: req.id.clone(),
-        text,
-        finish_reason,
-        usage: Usage {
-            prompt_tokens: t.prompt_tokens + recomputed,
-            completion_tokens: out.generated.len(),
-            restored_tokens: t.restored_tokens - recomputed,
-        },
-        timings: Timings {
-            queue_ms: 0.0,
-            prompt_ms: t.prompt_ms,
-            ttft_ms: before_gen_ms + t.ttft_ms,
-            decode_ms: t.decode_ms,
-            decode_tps: t.decode_tps,
-        },
-        prompt_ids: built.ids,
-        generated_ids: out.generated,
-        top_logits: out.top_logits,
-        truncated_tokens: built.truncated,
-        session,
-    }
-}
-
-/// Sends `text` as [`Event::Text`] chunks cut at character boundaries; `false` once the sink
-/// is gone.
-fn send_text(sink: &mut dyn Sink, mut text: &str) -> bool {
-    while !text.is_empty() {
-        let mut cut = text.len().min(super::CHUNK_BYTES);
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let mut chunk = Chunk::new();
-        // Cannot fail: `cut` bytes fit a chunk.
-        let _ = chunk.push_str(&text[..cut]);
-        if !sink.send(Event::Text(chunk)) {
-            return false;
-        }
-        text = &text[cut..];
-    }
-    true
-}
-
-fn no_sessions() -> ServiceError {
-    ServiceError::new(
-        ErrorCode::BadRequest,
-        "this service keeps no named sessions (it has no state directory)",
-    )
-}
-
-fn error(code: ErrorCode, message: impl Into<String>) -> Event {
-    Event::Error(ServiceError::new(code, message))
-}
-
-fn ms(from: Instant, to: Instant) -> f64 {
-    to.saturating_duration_since(from).as_secs_f64() * 1000.0
 }

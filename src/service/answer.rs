@@ -1,0 +1,333 @@
+//! The worker thread's side of the service: take the next request, answer it in the right
+//! session, stream its text, end with `Done` or `Error`.
+
+use super::prompt::{self, Built};
+use super::worker::{Job, Shared, Sink};
+use super::{
+    Chunk, Done, ErrorCode, Event, FinishReason, Request, ServiceError, SessionReport, Timings,
+    Usage,
+};
+use crate::engine::store::{SessionFile, SessionStore, Source};
+use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
+use crate::tokenizer::{ChatTemplate, StreamDecoder};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// The sessions a worker answers in.
+pub(super) enum Store {
+    /// No sessions: every request in one scratch session.
+    None(Session),
+    File(SessionFile),
+    /// A state directory, and a scratch session for requests that name none.
+    Dir(SessionStore, Session),
+}
+
+pub(super) struct Worker {
+    pub(super) engine: Engine,
+    pub(super) template: Option<ChatTemplate>,
+    pub(super) sessions: Store,
+    pub(super) max_prompt_bytes: usize,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Worker {
+    pub(super) fn run(&mut self) {
+        while let Some(job) = self.next() {
+            let Job {
+                req,
+                mut sink,
+                cancel,
+                submitted,
+            } = job;
+            let ev = self.answer(&req, sink.as_mut(), &cancel, submitted);
+            let c = &self.shared.counters;
+            match &ev {
+                Event::Done(d) if matches!(d.finish_reason, FinishReason::Cancelled) => {
+                    c.cancelled.fetch_add(1, Ordering::Relaxed)
+                }
+                Event::Done(_) => c.answered.fetch_add(1, Ordering::Relaxed),
+                Event::Error(e) if e.code == ErrorCode::Cancelled => {
+                    c.cancelled.fetch_add(1, Ordering::Relaxed)
+                }
+                _ => c.failed.fetch_add(1, Ordering::Relaxed),
+            };
+            if let Event::Error(e) = &ev {
+                tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
+            }
+            if let Event::Done(d) = &ev {
+                c.last_tps
+                    .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
+            }
+            sink.send(ev);
+            self.shared.busy.store(false, Ordering::Relaxed);
+            self.shared.lock().running = None;
+            self.shared.wake.notify_all();
+            self.shared.changed();
+        }
+        tracing::debug!("worker stopped");
+    }
+
+    /// Waits (asleep) for the next job; `None` once the service is closed.
+    fn next(&self) -> Option<Job> {
+        let mut st = self.shared.lock();
+        loop {
+            if st.closed {
+                return None;
+            }
+            if let Some(job) = st.queue.pop() {
+                st.running = Some((job.req.id.clone(), Arc::clone(&job.cancel)));
+                self.shared.progress();
+                self.shared.busy.store(true, Ordering::Relaxed);
+                drop(st);
+                self.shared.changed();
+                return Some(job);
+            }
+            st = self.shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Answers one request; returns its last event (`Done` or `Error`), the `Text` events
+    /// having gone to `sink` already.
+    fn answer(
+        &mut self,
+        req: &Request,
+        sink: &mut dyn Sink,
+        cancel: &AtomicBool,
+        submitted: Instant,
+    ) -> Event {
+        let started = Instant::now();
+        let queue_ms = ms(submitted, started);
+        if cancel.load(Ordering::Relaxed) {
+            return error(ErrorCode::Cancelled, "cancelled before its answer started");
+        }
+        if req.deadline.is_some_and(|d| started >= d) {
+            return error(
+                ErrorCode::Timeout,
+                format!("its deadline passed after {queue_ms:.0} ms in the queue"),
+            );
+        }
+        match self.generate(req, sink, cancel, started) {
+            Ok(mut done) => {
+                done.timings.queue_ms = queue_ms;
+                Event::Done(Box::new(done))
+            }
+            Err(e) => Event::Error(e),
+        }
+    }
+
+    fn generate(
+        &mut self,
+        req: &Request,
+        sink: &mut dyn Sink,
+        cancel: &AtomicBool,
+        started: Instant,
+    ) -> Result<Done, ServiceError> {
+        if let Err(e) = req.sampling.validate() {
+            return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
+        }
+        let engine = &mut self.engine;
+        let model = Arc::clone(engine.model());
+        let tok = &model.tokenizer;
+        let n_ctx = engine.config().n_ctx;
+        let built = prompt::build(
+            tok,
+            self.template.as_ref(),
+            req,
+            n_ctx,
+            self.max_prompt_bytes,
+        )?;
+        let params = GenParams {
+            max_tokens: req.max_tokens,
+            top_logits: req.top_logits,
+        };
+        let mut sampler = Sampler::new(req.sampling.clone(), model.hp.n_vocab);
+        let is_eog = |t: u32| tok.is_eog(t);
+
+        let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
+        let mut stream = StreamDecoder::new();
+        let (mut gone, mut cancelled, mut timed_out) = (false, false, false);
+        let shared = &self.shared;
+        let mut on_token = |t: u32| {
+            shared.progress();
+            if tok.is_eog(t) {
+                return true;
+            }
+            let start = text.len();
+            stream.push_into(tok.token_to_piece(t), &mut text);
+            if !send_text(sink, &text[start..]) {
+                gone = true;
+                return false;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                cancelled = true;
+                return false;
+            }
+            if req.deadline.is_some_and(|d| Instant::now() >= d) {
+                timed_out = true;
+                return false;
+            }
+            true
+        };
+        let gen_start = Instant::now();
+        let (out, report) = match (&mut self.sessions, &req.session) {
+            (Store::None(scratch) | Store::Dir(_, scratch), None) => {
+                let out = engine.generate(
+                    scratch,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                (out, None)
+            }
+            (Store::None(_) | Store::File(_), Some(_)) => return Err(no_sessions()),
+            (Store::File(f), None) => {
+                let (out, turn) = f.generate(
+                    engine,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                (out, Some(SessionReport::of(None, turn)))
+            }
+            (Store::Dir(store, _), Some(id)) => {
+                let system = cache_system_prompt(store, engine, &built);
+                let (out, turn) = store.generate(
+                    engine,
+                    id,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                let mut r = SessionReport::of(Some(id), turn);
+                r.status = Some(store.status());
+                r.system_prompt = system;
+                (out, Some(r))
+            }
+        };
+        let tail = stream.finish();
+        text.push_str(&tail);
+        if !gone {
+            send_text(sink, &tail);
+        }
+        let finish = match out.finish {
+            _ if timed_out => FinishReason::Timeout,
+            _ if cancelled || gone => FinishReason::Cancelled,
+            crate::engine::FinishReason::Eog => FinishReason::Eog,
+            crate::engine::FinishReason::Length => FinishReason::Length,
+            crate::engine::FinishReason::ContextFull => FinishReason::ContextFull,
+            crate::engine::FinishReason::Cancelled => FinishReason::Cancelled,
+        };
+        let recomputed = report.as_ref().map_or(0, |r| match r.source {
+            Source::File { recomputed, .. } | Source::Refused { recomputed, .. } => recomputed,
+            _ => 0,
+        });
+        let before_gen = ms(started, gen_start);
+        Ok(done(
+            req, built, text, finish, out, recomputed, before_gen, report,
+        ))
+    }
+}
+
+/// Caches the system prompt's prefix for `built`'s conversation (a failure only costs speed).
+fn cache_system_prompt(
+    store: &mut SessionStore,
+    engine: &mut Engine,
+    built: &Built,
+) -> Option<crate::engine::store::PrefixReport> {
+    let prefix = built.system_prefix.as_ref()?;
+    let n = prefix
+        .iter()
+        .zip(&built.ids)
+        .take_while(|(a, b)| a == b)
+        .count();
+    // Worth caching when the prompt begins with it and goes on past it.
+    if n < 2 || n >= built.ids.len() {
+        return None;
+    }
+    match store.add_system_prompt(engine, &built.ids[..n]) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!("system prompt not cached: {e}");
+            None
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn done(
+    req: &Request,
+    built: Built,
+    text: String,
+    finish_reason: FinishReason,
+    out: GenOutput,
+    recomputed: usize,
+    before_gen_ms: f64,
+    session: Option<SessionReport>,
+) -> Done {
+    let t = &out.timings;
+    // Positions recomputed from a damaged file's tokens were computed for this answer.
+    let recomputed = recomputed.min(t.restored_tokens);
+    Done {
+        id: req.id.clone(),
+        text,
+        finish_reason,
+        usage: Usage {
+            prompt_tokens: t.prompt_tokens + recomputed,
+            completion_tokens: out.generated.len(),
+            restored_tokens: t.restored_tokens - recomputed,
+        },
+        timings: Timings {
+            queue_ms: 0.0,
+            prompt_ms: t.prompt_ms,
+            ttft_ms: before_gen_ms + t.ttft_ms,
+            decode_ms: t.decode_ms,
+            decode_tps: t.decode_tps,
+        },
+        prompt_ids: built.ids,
+        generated_ids: out.generated,
+        top_logits: out.top_logits,
+        truncated_tokens: built.truncated,
+        session,
+    }
+}
+
+/// Sends `text` as [`Event::Text`] chunks cut at character boundaries; `false` once the sink
+/// is gone.
+fn send_text(sink: &mut dyn Sink, mut text: &str) -> bool {
+    while !text.is_empty() {
+        let mut cut = text.len().min(super::CHUNK_BYTES);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut chunk = Chunk::new();
+        // Cannot fail: `cut` bytes fit a chunk.
+        let _ = chunk.push_str(&text[..cut]);
+        if !sink.send(Event::Text(chunk)) {
+            return false;
+        }
+        text = &text[cut..];
+    }
+    true
+}
+
+fn no_sessions() -> ServiceError {
+    ServiceError::new(
+        ErrorCode::BadRequest,
+        "this service keeps no named sessions (it has no state directory)",
+    )
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Event {
+    Event::Error(ServiceError::new(code, message))
+}
+
+fn ms(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
+}
