@@ -303,3 +303,41 @@ fn ask_waits_for_the_device_to_come_online_before_it_asks() {
     let v = json_of(&out);
     assert_eq!(v["done"], true, "{v}");
 }
+
+#[test]
+fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
+    use std::io::BufRead;
+    let broker = Mosquitto::start();
+    let mut d = serve(broker.port, &[]);
+    let mut sub = subscribe(
+        broker.port,
+        &format!("edgellm/{DEVICE}/response/long"),
+        200,
+        60,
+    );
+    publish(
+        broker.port,
+        &format!("edgellm/{DEVICE}/request"),
+        br#"{"id":"long","prompt":"Tell me a story about a lighthouse.","max_tokens":40,"stream":true}"#,
+    );
+    // SIGTERM as soon as the answer has begun (its first chunk): it must still finish (40
+    // tokens take well under the 10 s the daemon allows, even on a loaded machine), be
+    // published whole, and the daemon exit 0.
+    let mut lines = std::io::BufReader::new(sub.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a first chunk").unwrap();
+    assert!(first.contains(r#""done":false"#), "{first}");
+    let status = d.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status:?}\n{}", d.log_text());
+    let last = lines
+        .map_while(Result::ok)
+        .find(|l| l.contains(r#""done":true"#))
+        .expect("the final message");
+    let v: Value = serde_json::from_str(last.split_once(' ').unwrap().1).unwrap();
+    let finish = v["finish_reason"].as_str().unwrap_or("");
+    assert!(
+        finish == "length" || finish == "stop",
+        "finished, not cut: {v}"
+    );
+    assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+    let _ = sub.kill();
+}

@@ -220,10 +220,28 @@ pub async fn run(
             }
         }
     }
-    // Graceful: the offline status ourselves (a clean disconnect suppresses the will), then
-    // poll until it is out or a bound passes.
+    // Graceful. The service has stopped (its last answer's events are queued to the
+    // publisher): let the publisher send them and acknowledge their requests, polling the
+    // connection meanwhile (its publishes go through the poll), within a bound; a request
+    // whose acknowledgement did not go out is delivered again at the next start.
     status_task.abort();
-    publisher.abort();
+    drop(tx);
+    let mut publisher = publisher;
+    let flush = tokio::time::sleep(Duration::from_secs(3));
+    tokio::pin!(flush);
+    loop {
+        tokio::select! {
+            _ = &mut publisher => break,
+            _ = &mut flush => {
+                tracing::warn!("stopping before every answer was published");
+                publisher.abort();
+                break;
+            }
+            ev = eventloop.poll() => if ev.is_err() { publisher.abort(); break },
+        }
+    }
+    // The offline status ourselves (a clean disconnect suppresses the will), then poll until
+    // it is out or a bound passes.
     let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline);
     let _ = client.try_disconnect();
     let until = Instant::now() + Duration::from_secs(2);
