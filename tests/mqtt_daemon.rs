@@ -340,4 +340,5 @@ fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
     );
     assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
     let _ = sub.kill();
+    let _ = sub.wait();
 }

@@ -43,6 +43,7 @@ fn service(chat: bool, queue_depth: usize, per_source: usize) -> Service {
         per_source,
         max_prompt_bytes: 1000,
         sessions: Sessions::None,
+        test_stall: None,
     };
     Service::start(engine, cfg).unwrap()
 }

@@ -187,6 +187,7 @@ pub fn run(a: Args) -> CliResult {
         per_source: 1,
         max_prompt_bytes: MAX_PROMPT_BYTES as usize,
         sessions,
+        test_stall: None,
     };
     let service = Service::start(loaded.engine, cfg).map_err(|e| e.to_string())?;
     let (tx, rx) = std::sync::mpsc::sync_channel(64);

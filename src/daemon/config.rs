@@ -334,6 +334,7 @@ impl Config {
             per_source: l.per_source.min(l.queue_depth),
             max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
             sessions: self.store_config().map_or(Sessions::None, Sessions::Store),
+            test_stall: None,
         }
     }
 

@@ -7,6 +7,7 @@ mod broker;
 pub mod config;
 #[cfg(feature = "embedded-broker")]
 mod embedded;
+mod hooks;
 pub mod notify;
 pub mod serve;
 mod status;

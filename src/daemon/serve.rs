@@ -11,7 +11,8 @@ use super::notify::{self, Notifier};
 use super::status::{State, StatusBoard};
 use crate::engine::Engine;
 use crate::model::{LoadOptions, Model};
-use crate::mqtt::client::{self, Settings};
+use crate::mqtt::client::{self, Role, Settings};
+use crate::mqtt::journal::Journal;
 use crate::service::{Service, ServiceError};
 use rumqttc::v5::mqttbytes::QoS;
 use std::path::PathBuf;
@@ -43,6 +44,7 @@ const BROKER_WAIT: Duration = Duration::from_secs(10);
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
 pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
     let started = Instant::now();
+    let hooks = super::hooks::TestHooks::from_env();
     let notifier = Arc::new(Notifier::from_env());
     notifier.status("loading the model");
     let m = Model::load(
@@ -55,7 +57,13 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
     let engine = Engine::new(Arc::new(m), cfg.engine_config())
         .map_err(|e| DaemonError::Model(format!("{}: {e}", model.display())))?;
     let board = StatusBoard::new(&engine, &model, cfg.model.board.clone(), started);
-    let service = Service::start(engine, cfg.service_config())?;
+    let service = Service::start(
+        engine,
+        crate::service::ServiceConfig {
+            test_stall: hooks.stall,
+            ..cfg.service_config()
+        },
+    )?;
     let handle = service.handle();
     tracing::info!(
         model = %model.display(),
@@ -88,20 +96,42 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
             ));
         }
         let mut subscribed = None;
-        if let Some(s) = settings(&cfg)? {
-            let ids = request_ids();
+        if let Some(mut s) = settings(&cfg)? {
+            s.test_kill_after_journal = hooks.kill_after_journal.clone();
             let offline = board.json(State::Offline, &handle);
+            let shared = client::Shared {
+                service: handle.clone(),
+                ids: request_ids(),
+                journal: Arc::new(std::sync::Mutex::new(open_journal(&cfg))),
+            };
+            // In a fleet, a second connection for the shared topic (see Role::Fleet).
+            let fleet = s.topics.fleet_request.is_some().then(|| Settings {
+                client_id: format!("{}-fleet", s.client_id),
+                role: Role::Fleet,
+                ..s.clone()
+            });
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
             subscribed = Some(ready_rx);
             tasks.push(tokio::spawn(client::run(
                 s,
-                handle.clone(),
+                shared.clone(),
                 status_rx.clone(),
-                offline,
+                offline.clone(),
                 stop_rx.clone(),
-                ids,
                 ready_tx,
             )));
+            if let Some(f) = fleet {
+                // Ready follows the device's own connection: the fleet's is an extra.
+                let (fleet_ready, _) = tokio::sync::oneshot::channel();
+                tasks.push(tokio::spawn(client::run(
+                    f,
+                    shared,
+                    status_rx.clone(),
+                    offline,
+                    stop_rx.clone(),
+                    fleet_ready,
+                )));
+            }
         }
         // The status follows the service: republished when the queue or the counters move.
         tasks.push(tokio::spawn(follow_status(
@@ -206,7 +236,30 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         topics,
         qos,
         limits: cfg.limits(),
+        role: Role::Device,
+        test_kill_after_journal: None,
     }))
+}
+
+/// The answer journal: in the state directory, so that it outlives a crash; in memory without
+/// one (or when its file cannot be opened: the daemon serves on, and says so).
+fn open_journal(cfg: &Config) -> Journal {
+    let Some(dir) = &cfg.state.dir else {
+        return Journal::memory();
+    };
+    let path = dir.join("answers.journal");
+    match Journal::open(&path) {
+        Ok(j) => {
+            tracing::info!(path = %path.display(), answers = j.len(), "answer journal opened");
+            j
+        }
+        Err(e) => {
+            tracing::error!(
+                "{e}: answers are kept in memory only, a redelivery after a restart is computed again"
+            );
+            Journal::memory()
+        }
+    }
 }
 
 /// Ids for requests that came without one: unique across restarts of this process.

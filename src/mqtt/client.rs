@@ -6,7 +6,11 @@
 //! publishes chunks and the final answer and only then acknowledges the request to the broker.
 //! So a request in flight when the daemon dies is delivered again (QoS 1, a persistent
 //! session), and a redelivered one whose answer was already published is answered from the
-//! [`Answered`] cache, not recomputed.
+//! [`Journal`], not recomputed.
+//!
+//! A device in a fleet runs this loop twice: once for its own topics ([`Role::Device`], a
+//! persistent session, the status and the will) and once for the fleet's shared topic
+//! ([`Role::Fleet`], a clean session).
 //!
 //! What rumqttc needs, measured with it: the maximum packet size set from the payload limit
 //! (its 10 KiB default drops the connection on a larger request); outgoing inflight capped
@@ -16,13 +20,13 @@
 //! disconnect (a clean disconnect suppresses the will).
 
 use super::contract::{self, Limits, Origin, Topics};
+use super::journal::{self, Answer, Journal, Key};
 use crate::service::worker::Sink;
 use crate::service::{Event, Handle};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{LastWill, Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event as MqttEvent, MqttOptions};
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -39,32 +43,62 @@ pub struct Settings {
     pub topics: Topics,
     pub qos: QoS,
     pub limits: Limits,
+    pub role: Role,
+    /// Tests only: SIGKILL right after the answer to this request id is journaled.
+    pub test_kill_after_journal: Option<String>,
+}
+
+/// Which of a device's connections this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The device's own request and cancel topics, on a persistent session (requests wait at
+    /// the broker while the daemon is away), with the retained status and the last will.
+    Device,
+    /// The fleet's shared request topic and its cancel topic, on a second connection with a
+    /// clean session: the broker keeps nothing for a member that is away, so it gives the
+    /// group's requests to the members that are connected.
+    Fleet,
 }
 
 /// Retained status JSON, written by the daemon, published here on change.
 pub type StatusRx = watch::Receiver<Vec<u8>>;
 
-/// Answers already published, by request id: a redelivered request is answered from here.
-#[derive(Default)]
-pub struct Answered {
-    entries: VecDeque<(String, Vec<Publish>)>,
+/// The answers published, shared by a device's connections.
+pub type SharedJournal = Arc<Mutex<Journal>>;
+
+/// What a device's connections share: the service they feed, the ids they give requests that
+/// have none, and the journal of answers.
+#[derive(Clone)]
+pub struct Shared {
+    pub service: Handle,
+    pub ids: Arc<dyn Fn() -> String + Send + Sync>,
+    pub journal: SharedJournal,
 }
 
-/// Most answers kept for redeliveries.
-const ANSWERED: usize = 64;
+/// Deliveries received and not yet answered, by key (a count: a client may send the same
+/// request twice on purpose). A broker that restarts resends the requests it has not seen
+/// acknowledged; one still in the queue here is not taken a second time.
+#[derive(Default)]
+struct InFlight(Mutex<std::collections::HashMap<Key, usize>>);
 
-impl Answered {
-    fn get(&self, id: &str) -> Option<&[Publish]> {
-        self.entries
-            .iter()
-            .find(|(i, _)| i == id)
-            .map(|(_, p)| p.as_slice())
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Key, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn insert(&mut self, id: String, answer: Vec<Publish>) {
-        if self.entries.len() >= ANSWERED {
-            self.entries.pop_front();
+    fn add(&self, k: Key) {
+        *self.lock().entry(k).or_default() += 1;
+    }
+    fn contains(&self, k: &Key) -> bool {
+        self.lock().contains_key(k)
+    }
+    fn done(&self, k: &Key) {
+        let mut m = self.lock();
+        if let Some(n) = m.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(k);
+            }
         }
-        self.entries.push_back((id, answer));
     }
 }
 
@@ -86,6 +120,8 @@ struct Ctx {
     /// forwarding properties to a 3.1.1 client).
     properties: bool,
     stream: bool,
+    /// The delivery, for the journal.
+    key: Key,
     ack: Option<Publish>,
 }
 
@@ -110,20 +146,21 @@ impl Sink for ToPublisher {
 /// returns it publishes `offline` (retained) and disconnects.
 pub async fn run(
     s: Settings,
-    service: Handle,
+    shared: Shared,
     mut status: StatusRx,
     offline: Vec<u8>,
     mut stop: watch::Receiver<bool>,
-    ids: Arc<dyn Fn() -> String + Send + Sync>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
+    let device = s.role == Role::Device;
     // Fired once requests can arrive: subscribed, or the broker kept our subscriptions.
     let mut ready = Some(ready);
     let mut opts = MqttOptions::new(&s.client_id, &s.host, s.port);
     opts.set_keep_alive(s.keepalive)
-        .set_clean_start(false)
-        // A day: requests published while the daemon restarts wait for it at the broker.
-        .set_session_expiry_interval(Some(86_400))
+        .set_clean_start(!device)
+        // A day: requests published while the daemon restarts wait for it at the broker. The
+        // fleet's session ends with its connection.
+        .set_session_expiry_interval(device.then_some(86_400))
         .set_manual_acks(true)
         // Twice the payload limit: a request somewhat over it is still received, and answered
         // too_large; the broker discards a bigger one (MQTT 5 maximum packet size).
@@ -131,14 +168,16 @@ pub async fn run(
             u32::try_from(s.limits.max_payload.saturating_mul(2).saturating_add(4096))
                 .unwrap_or(u32::MAX),
         ))
-        .set_outgoing_inflight_upper_limit(32)
-        .set_last_will(LastWill::new(
+        .set_outgoing_inflight_upper_limit(32);
+    if device {
+        opts.set_last_will(LastWill::new(
             &s.topics.status,
             offline.clone(),
             QoS::AtLeastOnce,
             true,
             None,
         ));
+    }
     if let Some((u, p)) = &s.credentials {
         opts.set_credentials(u, p);
     }
@@ -149,12 +188,14 @@ pub async fn run(
     }
     let (client, mut eventloop) = AsyncClient::new(opts, 64);
     let (tx, rx) = mpsc::channel::<Out>(256);
-    let answered = Arc::new(Mutex::new(Answered::default()));
+    let inflight = Arc::new(InFlight::default());
     let publisher = tokio::spawn(publish_answers(
         client.clone(),
         rx,
-        Arc::clone(&answered),
+        Arc::clone(&shared.journal),
         s.qos,
+        Arc::clone(&inflight),
+        s.test_kill_after_journal.clone(),
     ));
     // The status goes out once requests can arrive (a client that sees "online" may ask at
     // once), again after every reconnection (a broker restarted without persistence lost the
@@ -168,7 +209,8 @@ pub async fn run(
                 r = up.changed() => if r.is_err() { break },
                 r = status.changed() => if r.is_err() { break },
             }
-            if *up.borrow_and_update() == 0 {
+            // The fleet connection publishes no status: the device's own does.
+            if *up.borrow_and_update() == 0 || !device {
                 continue;
             }
             let body = status.borrow_and_update().clone();
@@ -197,17 +239,17 @@ pub async fn run(
         match ev {
             Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
                 backoff.reset();
-                tracing::info!(broker = %format!("{}:{}", s.host, s.port), session_present = ack.session_present, "MQTT connected");
+                tracing::info!(broker = %format!("{}:{}", s.host, s.port), role = ?s.role, session_present = ack.session_present, "MQTT connected");
                 if ack.session_present {
                     connected(&mut ready);
                 } else {
-                    subscribe(&client, &s.topics, s.qos);
+                    subscribe(&client, &s.topics, s.role, s.qos);
                 }
             }
             // Our only SUBSCRIBE of a connection: every topic is in place.
             Ok(MqttEvent::Incoming(Packet::SubAck(_))) => connected(&mut ready),
             Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
-                on_publish(&s, &service, &client, &tx, &answered, &ids, p);
+                on_publish(&s, &shared, &client, &tx, &inflight, p);
             }
             Ok(_) => {}
             Err(e) => {
@@ -242,7 +284,9 @@ pub async fn run(
     }
     // The offline status ourselves (a clean disconnect suppresses the will), then poll until
     // it is out or a bound passes.
-    let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline);
+    if device {
+        let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline);
+    }
     let _ = client.try_disconnect();
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
@@ -255,10 +299,18 @@ pub async fn run(
     }
 }
 
-/// Subscribes to every topic in one SUBSCRIBE, so one SUBACK says all of them are in place.
-fn subscribe(client: &AsyncClient, t: &Topics, qos: QoS) {
-    let mut topics = vec![t.request.clone(), t.cancel.clone()];
-    topics.extend(t.fleet_request.clone());
+/// Subscribes to every topic of the role in one SUBSCRIBE, so one SUBACK says all of them are
+/// in place.
+fn subscribe(client: &AsyncClient, t: &Topics, role: Role, qos: QoS) {
+    let topics = match role {
+        Role::Device => vec![t.request.clone(), t.cancel.clone()],
+        Role::Fleet => t
+            .fleet_request
+            .iter()
+            .chain(&t.fleet_cancel)
+            .cloned()
+            .collect(),
+    };
     let filters = topics
         .iter()
         .map(|topic| rumqttc::v5::mqttbytes::v5::Filter::new(topic, qos));
@@ -270,15 +322,16 @@ fn subscribe(client: &AsyncClient, t: &Topics, qos: QoS) {
 /// A message arrived: a request (queued, or answered at once when refused) or a cancel.
 fn on_publish(
     s: &Settings,
-    service: &Handle,
+    shared: &Shared,
     client: &AsyncClient,
     tx: &mpsc::Sender<Out>,
-    answered: &Mutex<Answered>,
-    ids: &Arc<dyn Fn() -> String + Send + Sync>,
+    inflight: &InFlight,
     p: Publish,
 ) {
+    let service = &shared.service;
     let topic = String::from_utf8_lossy(&p.topic).into_owned();
-    if topic == s.topics.cancel {
+    // A fleet cancel reaches every member; the one answering the request cancels it.
+    if topic == s.topics.cancel || s.topics.fleet_cancel.as_deref() == Some(topic.as_str()) {
         match contract::parse_cancel(&p.payload) {
             Ok(id) => {
                 let found = service.cancel(&id);
@@ -299,12 +352,52 @@ fn on_publish(
         return;
     };
     let props = p.properties.clone().unwrap_or_default();
+    let key = journal::delivery_key(
+        &p.topic,
+        &p.payload,
+        props.response_topic.as_deref(),
+        props.correlation_data.as_deref(),
+    );
+    // A redelivery (DUP: the broker sent it before and had no acknowledgement) whose answer
+    // was published is answered with that answer again, not recomputed. A first delivery is
+    // never looked up: a client may well send the same request twice on purpose.
+    if p.dup {
+        let stored = shared
+            .journal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(a) = stored {
+            tracing::info!(
+                topic,
+                "redelivered request: its stored answer is sent again"
+            );
+            let _ = match answer_properties(a.properties, a.correlation.clone()) {
+                Some(pr) => {
+                    client.try_publish_with_properties(a.topic, s.qos, false, a.payload, pr)
+                }
+                None => client.try_publish(a.topic, s.qos, false, a.payload),
+            };
+            let _ = client.try_ack(&p);
+            return;
+        }
+        if inflight.contains(&key) {
+            // Its answer, when published, acknowledges this delivery (the same packet id).
+            tracing::info!(
+                topic,
+                "redelivered request still being answered: not taken twice"
+            );
+            return;
+        }
+    }
+    inflight.add(key);
     // The client's own response topic keys the queue's fairness between clients.
     let source = props
         .response_topic
         .clone()
         .unwrap_or_else(|| "mqtt".to_owned());
-    let ids = Arc::clone(ids);
+    let ids = Arc::clone(&shared.ids);
     let parsed = contract::parse_request(
         &p.payload,
         origin,
@@ -326,6 +419,7 @@ fn on_publish(
             correlation: props.correlation_data.clone(),
             properties: props.response_topic.is_some(),
             stream,
+            key,
             ack: Some(p.clone()),
         })
     };
@@ -340,29 +434,6 @@ fn on_publish(
         }
         Ok(parsed) => {
             let id = parsed.request.id.clone();
-            if p.dup
-                && let Some(answer) = answered.lock().unwrap_or_else(|e| e.into_inner()).get(&id)
-            {
-                tracing::info!(
-                    request = id,
-                    "redelivered request answered again from the cache"
-                );
-                for a in answer {
-                    let topic = String::from_utf8_lossy(&a.topic).into_owned();
-                    let _ = match a.properties.clone() {
-                        Some(p) => client.try_publish_with_properties(
-                            topic,
-                            a.qos,
-                            false,
-                            a.payload.clone(),
-                            p,
-                        ),
-                        None => client.try_publish(topic, a.qos, false, a.payload.clone()),
-                    };
-                }
-                let _ = client.try_ack(&p);
-                return;
-            }
             let c = ctx(&id, parsed.stream);
             let sink = ToPublisher {
                 ctx: Arc::clone(&c),
@@ -375,13 +446,17 @@ fn on_publish(
     }
 }
 
-/// Publishes the events of every request in the order they come; after a request's last
-/// event, acknowledges it to the broker and remembers the answer for redeliveries.
+/// Publishes the events of every request in the order they come. A request's final message
+/// is first written to the journal (synced), then published, then the request is
+/// acknowledged: whatever point a crash stops this at, a redelivery finds the answer or finds
+/// a request never answered.
 async fn publish_answers(
     client: AsyncClient,
     mut rx: mpsc::Receiver<Out>,
-    answered: Arc<Mutex<Answered>>,
+    journal: SharedJournal,
     qos: QoS,
+    inflight: Arc<InFlight>,
+    kill_after_journal: Option<String>,
 ) {
     // Chunks so far of each streaming request: (id, next seq).
     let mut seqs: Vec<(String, u64)> = Vec::new();
@@ -411,13 +486,37 @@ async fn publish_answers(
                 (ctx, body, true)
             }
         };
-        let props = ctx.properties.then(|| PublishProperties {
-            correlation_data: ctx.correlation.clone(),
-            content_type: Some("application/json".into()),
-            ..Default::default()
-        });
-        let publish = Publish::new(&ctx.topic, qos, body.clone(), props.clone());
-        let sent = match props {
+        if last {
+            seqs.retain(|(i, _)| *i != ctx.id);
+            let answer = Answer {
+                topic: ctx.topic.clone(),
+                properties: ctx.properties,
+                correlation: ctx.correlation.clone(),
+                payload: body.clone(),
+            };
+            // The sync blocks: off the I/O thread.
+            let j = Arc::clone(&journal);
+            let key = ctx.key;
+            let kept = tokio::task::spawn_blocking(move || {
+                j.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .record(key, answer)
+            })
+            .await;
+            match kept {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(
+                    request = ctx.id,
+                    "{e}: the answer is published, but a redelivery would compute it again"
+                ),
+                Err(e) => tracing::error!(request = ctx.id, "answer journal: {e}"),
+            }
+            if kill_after_journal.as_deref() == Some(ctx.id.as_str()) {
+                tracing::warn!(request = ctx.id, "test hook: SIGKILL after the journal");
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let sent = match answer_properties(ctx.properties, ctx.correlation.clone()) {
             Some(p) => {
                 client
                     .publish_with_properties(&ctx.topic, qos, false, body, p)
@@ -433,18 +532,23 @@ async fn publish_answers(
             return;
         }
         if last {
-            seqs.retain(|(i, _)| *i != ctx.id);
-            answered
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(ctx.id.clone(), vec![publish]);
             if let Some(ack) = &ctx.ack
                 && let Err(e) = client.ack(ack).await
             {
                 tracing::warn!(request = ctx.id, "cannot acknowledge the request: {e}");
             }
+            inflight.done(&ctx.key);
         }
     }
+}
+
+/// The properties of an answer: none for a request without a response topic (see [`Ctx`]).
+fn answer_properties(properties: bool, correlation: Option<Bytes>) -> Option<PublishProperties> {
+    properties.then(|| PublishProperties {
+        correlation_data: correlation,
+        content_type: Some("application/json".into()),
+        ..Default::default()
+    })
 }
 
 /// Reconnect delays: 250 ms doubling to 30 s, reset by a ConnAck.

@@ -35,6 +35,8 @@ pub struct Topics {
     pub fleet_request: Option<String>,
     /// The fleet topic as published to (without `$share/{group}/`).
     pub fleet_topic: Option<String>,
+    /// `{prefix}/fleet/cancel`: not shared, every member hears it (the one answering cancels).
+    pub fleet_cancel: Option<String>,
 }
 
 /// Why a topic name was refused.
@@ -89,6 +91,7 @@ impl Topics {
             response_base: format!("{base}/response/"),
             fleet_request: group.map(|g| format!("$share/{g}/{prefix}/fleet/request")),
             fleet_topic,
+            fleet_cancel: group.map(|_| format!("{prefix}/fleet/cancel")),
         })
     }
 

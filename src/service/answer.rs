@@ -28,6 +28,7 @@ pub(super) struct Worker {
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: Store,
     pub(super) max_prompt_bytes: usize,
+    pub(super) test_stall: Option<std::time::Duration>,
     pub(super) shared: Arc<Shared>,
 }
 
@@ -106,6 +107,9 @@ impl Worker {
                 ErrorCode::Timeout,
                 format!("its deadline passed after {queue_ms:.0} ms in the queue"),
             );
+        }
+        if let Some(pause) = self.test_stall {
+            std::thread::sleep(pause);
         }
         match self.generate(req, sink, cancel, started) {
             Ok(mut done) => {

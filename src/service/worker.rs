@@ -39,6 +39,9 @@ pub struct ServiceConfig {
     /// Most bytes of user text in one request.
     pub max_prompt_bytes: usize,
     pub sessions: Sessions,
+    /// Tests only: every answer starts with this pause, during which the worker makes no
+    /// progress (a hung engine, as a supervisor's watchdog must see it).
+    pub test_stall: Option<Duration>,
 }
 
 impl Default for ServiceConfig {
@@ -48,6 +51,7 @@ impl Default for ServiceConfig {
             per_source: 8,
             max_prompt_bytes: 16 << 20,
             sessions: Sessions::None,
+            test_stall: None,
         }
     }
 }
@@ -331,6 +335,7 @@ impl Service {
             template,
             sessions,
             max_prompt_bytes: cfg.max_prompt_bytes,
+            test_stall: cfg.test_stall,
             shared: Arc::clone(&shared),
         };
         let thread = std::thread::Builder::new()

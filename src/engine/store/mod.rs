@@ -8,6 +8,7 @@
 //! LOCK                  advisory lock (flock): one process owns the directory
 //! sessions/<id>.kv      one snapshot per named session (docs/kv-format.md)
 //! prefixes/<hash>.kv    one snapshot per system prompt (hash of model, context, type, tokens)
+//! answers.journal       the MQTT front end's last answers (not this module's: see mqtt::journal)
 //! ```
 //!
 //! A request names a session and brings its whole prompt. The store takes the session's K/V

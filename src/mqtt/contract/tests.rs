@@ -36,6 +36,10 @@ fn topics_follow_the_prefix_device_and_group_and_refuse_wildcards() {
         Some("plant/edgellm/fleet/request")
     );
     assert_eq!(
+        t.fleet_cancel.as_deref(),
+        Some("plant/edgellm/fleet/cancel")
+    );
+    assert_eq!(
         Topics::new("edgellm", "d", None).unwrap().fleet_request,
         None
     );

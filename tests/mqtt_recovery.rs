@@ -1,0 +1,475 @@
+//! Nothing lost, nothing twice, with real parts: the daemon killed (SIGKILL) while requests
+//! are pending and started again, the Mosquitto broker stopped mid-answer and started again,
+//! a fleet of three daemons sharing one group, and systemd's watchdog when the engine hangs.
+
+mod common;
+
+use common::mqtt::{Daemon, free_port};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const DEVICE: &str = "rec-dev";
+
+fn model() -> String {
+    common::model_path("q4_0").to_str().unwrap().to_owned()
+}
+
+/// A Mosquitto that can be stopped and started again on the same port, keeping its state
+/// (sessions, queued messages) in `dir` when `persist` is set.
+struct Broker {
+    port: u16,
+    conf: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl Broker {
+    fn start(dir: &Path, persist: bool) -> Broker {
+        let port = free_port();
+        let conf = dir.join("mosquitto.conf");
+        let persistence = if persist {
+            // Started as root, Mosquitto would switch to its own user, which cannot write the
+            // test's directory: it stays who started it.
+            let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+            format!(
+                "persistence true\npersistence_location {}/\nautosave_interval 1\nuser {user}\n",
+                dir.display()
+            )
+        } else {
+            "persistence false\n".to_owned()
+        };
+        std::fs::write(
+            &conf,
+            format!("listener {port} 127.0.0.1\nallow_anonymous true\n{persistence}"),
+        )
+        .unwrap();
+        let mut b = Broker {
+            port,
+            conf,
+            child: None,
+        };
+        b.up();
+        b
+    }
+
+    fn up(&mut self) {
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&self.conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto (scripts/setup.sh installs it)");
+        self.child = Some(child);
+        let until = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < until, "mosquitto is not listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM (Mosquitto writes its persistence file), and waits for it to exit.
+    fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `mosquitto_sub` that keeps every message it gets; with a client id, a persistent
+/// session, so that it also gets what was published while the broker was down.
+struct Collector {
+    child: Child,
+    got: Arc<Mutex<Vec<(String, Value)>>>,
+}
+
+impl Collector {
+    fn start(port: u16, topic: &str, persistent_id: Option<&str>) -> Collector {
+        let mut cmd = Command::new("mosquitto_sub");
+        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
+            .args(["-q", "1", "-v"]);
+        if let Some(id) = persistent_id {
+            cmd.args(["-c", "-i", id]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mosquitto_sub");
+        let out = child.stdout.take().unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = Arc::clone(&got);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some((t, p)) = line.split_once(' ')
+                    && let Ok(v) = serde_json::from_str(p)
+                {
+                    g.lock().unwrap().push((t.to_owned(), v));
+                }
+            }
+        });
+        // mosquitto_sub subscribes right after it connects.
+        std::thread::sleep(Duration::from_millis(300));
+        Collector { child, got }
+    }
+
+    /// Final messages so far, by request id.
+    fn finals(&self) -> BTreeMap<String, Vec<(String, Value)>> {
+        let mut m: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+        for (t, v) in self.got.lock().unwrap().iter() {
+            if v["done"] == true {
+                let id = v["id"].as_str().unwrap_or("?").to_owned();
+                m.entry(id).or_default().push((t.clone(), v.clone()));
+            }
+        }
+        m
+    }
+
+    /// Waits until every id in `ids` has a final message, then a moment more for any second
+    /// one; panics with `log` after `within`.
+    fn wait_all(
+        &self,
+        ids: &[String],
+        within: Duration,
+        log: &dyn Fn() -> String,
+    ) -> BTreeMap<String, Vec<(String, Value)>> {
+        let until = Instant::now() + within;
+        loop {
+            let f = self.finals();
+            if ids.iter().all(|i| f.contains_key(i)) {
+                std::thread::sleep(Duration::from_millis(1500));
+                return self.finals();
+            }
+            assert!(
+                Instant::now() < until,
+                "answered {:?} of {ids:?}\n{}",
+                f.keys().collect::<Vec<_>>(),
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Publishes each line of `payloads` as one QoS 1 message to `topic` (one connection).
+fn publish_all(port: u16, topic: &str, payloads: &[String]) {
+    let mut p = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
+        .args(["-q", "1", "-l"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_pub");
+    let mut stdin = p.stdin.take().unwrap();
+    for l in payloads {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    drop(stdin);
+    assert!(p.wait().unwrap().success(), "mosquitto_pub failed");
+}
+
+/// Requests with these ids; greedy, so the answer to one is the same each time it is computed.
+fn requests(ids: &[String], tokens: usize) -> Vec<String> {
+    ids.iter()
+        .map(|id| {
+            let q = if tokens > 8 {
+                "Count from 1 to 40, separated by commas."
+            } else {
+                "Name a colour."
+            };
+            format!(r#"{{"id":"{id}","prompt":"{q} ({id})","max_tokens":{tokens}}}"#)
+        })
+        .collect()
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+fn serve(port: u16, state: &Path, env: &[(&str, &str)]) -> Daemon {
+    let b = format!("127.0.0.1:{port}");
+    let m = model();
+    let s = state.to_str().unwrap();
+    Daemon::start(
+        &[
+            "--model",
+            &m,
+            "--mqtt",
+            &b,
+            "--device",
+            DEVICE,
+            "--ctx",
+            "256",
+            "-t",
+            "1",
+            "--state-dir",
+            s,
+        ],
+        env,
+    )
+}
+
+/// Every id has exactly one final message, and it is an answer (not an error).
+fn assert_once(finals: &BTreeMap<String, Vec<(String, Value)>>, ids: &[String], log: &str) {
+    for id in ids {
+        let f = &finals[id];
+        assert_eq!(f.len(), 1, "{id} answered {} times: {f:?}\n{log}", f.len());
+        assert!(f[0].1["text"].is_string(), "{id}: {:?}", f[0].1);
+    }
+}
+
+#[test]
+fn the_daemon_killed_with_requests_pending_answers_each_exactly_once_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), false);
+    let state = dir.path().join("state");
+    let answers = Collector::start(broker.port, &format!("edgellm/{DEVICE}/response/+"), None);
+    // SIGKILL at the worst moment: k2's answer is computed and journaled, not yet published or
+    // acknowledged; k3..k5 wait in the queue, unacknowledged.
+    let mut first = serve(
+        broker.port,
+        &state,
+        &[("EDGELLM_TEST_HOOK", "kill_after_journal=k2")],
+    );
+    let all = ids("k", 6);
+    publish_all(
+        broker.port,
+        &format!("edgellm/{DEVICE}/request"),
+        &requests(&all, 6),
+    );
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = first.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "no kill\n{}", first.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "{}", first.log_text());
+    let before = answers.finals();
+    assert!(
+        !before.contains_key("k2") && before.contains_key("k1"),
+        "k0, k1 answered before the kill, k2 not: {before:?}"
+    );
+
+    let second = serve(broker.port, &state, &[]);
+    let finals = answers.wait_all(&all, Duration::from_secs(60), &|| second.log_text());
+    let log = second.log_text();
+    assert_once(&finals, &all, &log);
+    // k2 came from the journal: sent, not computed again.
+    assert!(
+        log.contains("its stored answer is sent again"),
+        "k2 not answered from the journal:\n{log}"
+    );
+    // Computed only what was never answered: k3, k4, k5.
+    let v = wait_status(broker.port, 3, &log);
+    assert_eq!(v["counters"]["accepted"], 3, "{v}");
+}
+
+/// The device's retained status once it counts `answered` answers.
+fn wait_status(port: u16, answered: usize, log: &str) -> Value {
+    let status = Collector::start(port, &format!("edgellm/{DEVICE}/status"), None);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = status.got.lock().unwrap().last().map(|x| x.1.clone());
+        if let Some(v) = &got
+            && v["counters"]["answered"] == answered
+        {
+            return v.clone();
+        }
+        assert!(
+            Instant::now() < until,
+            "status never showed {answered} answered: {got:?}\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_broker_stopped_mid_answer_and_started_again_loses_nothing_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start(dir.path(), true);
+    let state = dir.path().join("state");
+    let answers = Collector::start(
+        broker.port,
+        &format!("edgellm/{DEVICE}/response/+"),
+        Some("recovery-collector"),
+    );
+    let d = serve(broker.port, &state, &[]);
+    let all = ids("b", 5);
+    let topic = format!("edgellm/{DEVICE}/request");
+    publish_all(broker.port, &topic, &requests(&all[..4], 48));
+    // The broker goes away once the first answer is out: the others are in the daemon's queue
+    // or being answered, unacknowledged.
+    let until = Instant::now() + Duration::from_secs(60);
+    while answers.finals().is_empty() {
+        assert!(Instant::now() < until, "no first answer\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Back soon enough that requests are still waiting in the daemon's queue when the broker
+    // delivers them again.
+    broker.down();
+    std::thread::sleep(Duration::from_millis(200));
+    broker.up();
+    // One more, published once the broker is back (the daemon may still be reconnecting).
+    publish_all(broker.port, &topic, &requests(&all[4..], 6));
+    let finals = answers.wait_all(&all, Duration::from_secs(90), &|| d.log_text());
+    let log = d.log_text();
+    assert!(
+        log.contains("MQTT connection"),
+        "no disconnection seen:\n{log}"
+    );
+    assert!(
+        log.contains("redelivered request still being answered"),
+        "no redelivery of a request still queued:\n{log}"
+    );
+    // An answer published just as the broker went down may reach the collector twice (QoS 1
+    // is at least once); it is then the same answer, byte for byte, never a second one.
+    for id in &all {
+        let f = &finals[id];
+        assert!(f.iter().all(|x| x.1 == f[0].1), "{id}: two answers {f:?}");
+        assert!(f[0].1["text"].is_string(), "{id}: {:?}", f[0].1);
+    }
+    // Computed once each: the status counts every accepted request once.
+    let v = wait_status(broker.port, all.len(), &log);
+    assert_eq!(v["counters"]["accepted"], all.len(), "{v}");
+}
+
+#[test]
+fn a_fleet_of_three_shares_sixty_requests_each_answered_once_by_one_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), false);
+    let m = model();
+    let b = format!("127.0.0.1:{}", broker.port);
+    let answers = Collector::start(broker.port, "edgellm/+/response/+", None);
+    let daemons: Vec<Daemon> = (0..3)
+        .map(|i| {
+            let conf = dir.path().join(format!("fleet{i}.toml"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "[mqtt]\nbroker = \"{b}\"\ndevice = \"fleet-{i}\"\nfleet_group = \"line3\"\n\
+                     [model]\npath = \"{m}\"\nctx = 128\nthreads = 1\n\
+                     [limits]\nqueue_depth = 64\nper_source = 64\n"
+                ),
+            )
+            .unwrap();
+            Daemon::start(&["--config", conf.to_str().unwrap()], &[])
+        })
+        .collect();
+    // The fleet connections subscribe just after each device's own.
+    std::thread::sleep(Duration::from_millis(500));
+    let all = ids("f", 60);
+    let reqs: Vec<String> = all
+        .iter()
+        .map(|id| format!(r#"{{"id":"{id}","prompt":"Hi","max_tokens":1}}"#))
+        .collect();
+    publish_all(broker.port, "edgellm/fleet/request", &reqs);
+    let log = || {
+        daemons
+            .iter()
+            .map(Daemon::log_text)
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    let finals = answers.wait_all(&all, Duration::from_secs(120), &log);
+    assert_once(&finals, &all, &log());
+    // Each answer is on the response topic of the device that took it.
+    let served: BTreeSet<String> = finals
+        .values()
+        .map(|f| f[0].0.split('/').nth(1).unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        served,
+        BTreeSet::from(["fleet-0".into(), "fleet-1".into(), "fleet-2".into()]),
+        "every daemon served some"
+    );
+    // A fleet request that names a session is refused: its KV cache lives on one device.
+    publish_all(
+        broker.port,
+        "edgellm/fleet/request",
+        &[r#"{"id":"fs","prompt":"Hi","session":"s1"}"#.to_owned()],
+    );
+    let f = answers.wait_all(&["fs".to_owned()], Duration::from_secs(30), &log);
+    assert_eq!(
+        f["fs"][0].1["error"]["code"], "bad_request",
+        "{:?}",
+        f["fs"]
+    );
+}
+
+#[test]
+fn watchdog_pings_stop_while_the_engine_is_stalled_and_come_back_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), false);
+    let b = format!("127.0.0.1:{}", broker.port);
+    let m = model();
+    // Pings every 200 ms; each answer stalls 3 s before it starts.
+    let d = Daemon::spawn(
+        &[
+            "--model", &m, "--mqtt", &b, "--device", DEVICE, "--ctx", "256", "-t", "1",
+        ],
+        &[
+            ("WATCHDOG_USEC", "400000"),
+            ("EDGELLM_TEST_HOOK", "stall_ms=3000"),
+        ],
+    );
+    let got = d.wait_notify("READY=1", Duration::from_secs(60));
+    assert!(got.contains("READY=1"), "{got}");
+    let pings = |window: Duration| {
+        d.wait_notify("never-sent", window)
+            .matches("WATCHDOG=1")
+            .count()
+    };
+    assert!(pings(Duration::from_millis(800)) >= 2, "{}", d.log_text());
+    let answers = Collector::start(broker.port, &format!("edgellm/{DEVICE}/response/+"), None);
+    publish_all(
+        broker.port,
+        &format!("edgellm/{DEVICE}/request"),
+        &requests(&["w".to_owned()], 2),
+    );
+    // Pings may go on for the first 400 ms of the stall (twice the interval); from then on
+    // to its end, none.
+    std::thread::sleep(Duration::from_millis(700));
+    d.wait_notify("never-sent", Duration::from_millis(1)); // drain what came before
+    assert_eq!(
+        pings(Duration::from_millis(1500)),
+        0,
+        "pings during the stall\n{}",
+        d.log_text()
+    );
+    let finals = answers.wait_all(&["w".to_owned()], Duration::from_secs(30), &|| d.log_text());
+    assert!(finals["w"][0].1["text"].is_string());
+    assert!(
+        pings(Duration::from_millis(800)) >= 2,
+        "pings back after\n{}",
+        d.log_text()
+    );
+    assert!(
+        d.log_text().contains("watchdog pings stopped"),
+        "{}",
+        d.log_text()
+    );
+}
