@@ -342,3 +342,64 @@ fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
     let _ = sub.kill();
     let _ = sub.wait();
 }
+
+#[test]
+fn sighup_applies_new_limits_and_log_level_and_names_what_needs_a_restart() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    let m = model();
+    let write = |max_tokens: usize, level: &str, keepalive: u64| {
+        std::fs::write(
+            &conf,
+            format!(
+                "[model]\npath = \"{m}\"\nctx = 256\nthreads = 1\n\
+                 [mqtt]\nbroker = \"127.0.0.1:{}\"\ndevice = \"{DEVICE}\"\nkeepalive_s = {keepalive}\n\
+                 [limits]\nmax_tokens = {max_tokens}\n[log]\nlevel = \"{level}\"\n",
+                broker.port
+            ),
+        )
+        .unwrap();
+    };
+    write(4, "info", 30);
+    let d = Daemon::start(&["--config", conf.to_str().unwrap()], &[]);
+    let hup = || {
+        let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    };
+    let refused = ask(broker.port, &["-n", "8", "Hi"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("max_tokens must be 1 to 4"),
+        "{err}"
+    );
+
+    // A broken file changes nothing, and the daemon keeps serving.
+    std::fs::write(&conf, "[limits]\nmax_tokens = \"many\"\n").unwrap();
+    hup();
+    let wait_log = |what: &str| {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !d.log_text().contains(what) {
+            assert!(
+                std::time::Instant::now() < until,
+                "no {what:?}:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_log("the configuration is not valid, nothing changed");
+    assert!(!ask(broker.port, &["-n", "8", "Hi"]).status.success());
+
+    write(16, "debug", 45);
+    hup();
+    wait_log("SIGHUP: configuration reloaded");
+    let log = d.log_text();
+    assert!(log.contains(r#"applied=["limits", "log"]"#), "{log}");
+    assert!(log.contains(r#"need_restart=["mqtt"]"#), "{log}");
+    let ok = json_of(&ask(broker.port, &["-n", "8", "--json", "Hi"]));
+    assert_eq!(ok["done"], true, "{ok}");
+    assert!(ok["text"].is_string(), "{ok}");
+    // The debug level is in force: the worker's debug lines appear now.
+    assert!(d.log_text().contains("DEBUG"), "{}", d.log_text());
+}

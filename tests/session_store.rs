@@ -42,6 +42,7 @@ fn open(e: &Engine, dir: &Path, ram_sessions: u64, disk: u64) -> SessionStore {
         dir: dir.to_path_buf(),
         ram_bytes: ram_sessions * session_bytes(e.model()),
         disk_bytes: disk,
+        max_sessions: None,
     };
     SessionStore::open(e, cfg).unwrap()
 }
@@ -192,6 +193,31 @@ fn the_disk_budget_deletes_the_least_recently_saved_session_files() {
 }
 
 #[test]
+fn past_the_most_sessions_kept_the_least_recently_saved_files_go() {
+    let m = model();
+    let mut e = engine(&m);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        dir: dir.path().to_path_buf(),
+        ram_bytes: 4 * session_bytes(e.model()),
+        disk_bytes: u64::MAX,
+        max_sessions: Some(2),
+    };
+    let mut st = SessionStore::open(&e, cfg).unwrap();
+    for s in ["a", "b", "c"] {
+        std::thread::sleep(std::time::Duration::from_millis(20)); // distinct mtimes
+        turn(&mut st, &mut e, s, &prompt(10, 2));
+    }
+    assert!(!st.session_path(&id("a")).exists(), "oldest file kept");
+    assert!(st.session_path(&id("b")).exists() && st.session_path(&id("c")).exists());
+    assert_eq!(st.status().evicted_disk, 1);
+    // Saving one of the two kept deletes nothing.
+    turn(&mut st, &mut e, "b", &prompt(12, 2));
+    assert!(st.session_path(&id("c")).exists());
+    assert_eq!(st.status().evicted_disk, 1);
+}
+
+#[test]
 fn a_system_prompt_is_computed_once_and_restored_at_start_up() {
     let m = model();
     let mut e = engine(&m);
@@ -256,6 +282,7 @@ fn engines_of_other_contexts_keep_their_own_system_prompt_files() {
                     dir: dir.path().to_path_buf(),
                     ram_bytes: 0,
                     disk_bytes: u64::MAX,
+                    max_sessions: None,
                 },
             )
             .unwrap();
@@ -356,6 +383,7 @@ fn a_second_process_cannot_open_the_same_state_directory() {
         dir: dir.path().to_path_buf(),
         ram_bytes: 0,
         disk_bytes: u64::MAX,
+        max_sessions: None,
     };
     // flock locks belong to the open file, so a second open conflicts even in one process.
     match SessionStore::open(&e, cfg.clone()) {

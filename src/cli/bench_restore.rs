@@ -55,6 +55,7 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
         dir: dir.clone(),
         ram_bytes: 0,
         disk_bytes: u64::MAX,
+        max_sessions: None,
     };
     let greedy = SamplingParams {
         temperature: 0.0,

@@ -81,18 +81,40 @@ pub fn main() -> ExitCode {
 /// Logs go to stderr (stdout carries the answers): `default` (a tracing filter) unless -v asks
 /// for more, or as `EDGELLM_LOG` says (a filter such as `edgellm=debug`).
 fn init_logging(verbose: u8, default: &str) {
+    let _ = init_reloadable_logging(verbose, default);
+}
+
+/// Sets a new filter for the logs installed by [`init_reloadable_logging`].
+type SetFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// As [`init_logging`], and returns what sets another filter later (the daemon's SIGHUP). It
+/// refuses while `EDGELLM_LOG` or `-v` decide the filter: they win over the file.
+fn init_reloadable_logging(verbose: u8, default: &str) -> SetFilter {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => default,
         1 => "info",
         _ => "debug",
     };
-    let filter = EnvFilter::try_from_env("EDGELLM_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let from_env = EnvFilter::try_from_env("EDGELLM_LOG").ok();
+    let fixed = from_env.is_some() || verbose > 0;
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
-        .try_init();
+        // Colours only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    let _ = builder.try_init();
+    Box::new(move |level: &str| {
+        if fixed {
+            return Err("EDGELLM_LOG or -v sets the log filter, and wins over log.level".into());
+        }
+        let f = EnvFilter::try_new(level).map_err(|e| format!("{level:?}: {e}"))?;
+        handle.reload(f).map_err(|e| e.to_string())
+    })
 }
 
 /// A user-facing error: one line, already carrying its context (file, key, field).

@@ -179,6 +179,7 @@ pub fn run(a: Args) -> CliResult {
             // One resident session: a run answers one request.
             ram_bytes: 0,
             disk_bytes: a.disk_budget,
+            max_sessions: None,
         }),
         (None, None) => Sessions::None,
     };

@@ -21,7 +21,8 @@ Requests go to {prefix}/{device}/request, answers to the MQTT 5 response topic (
 {prefix}/{device}/response/{id}), the retained status to {prefix}/{device}/status
 (docs/mqtt.md). Under systemd (Type=notify) it reports READY=1 once serving, and pings the
 watchdog while the engine makes progress. SIGTERM: stop taking requests, finish the answer
-in progress (cancelled after 10 s), publish the offline status, exit 0.")]
+in progress (cancelled after 10 s), publish the offline status, exit 0. SIGHUP: read the
+configuration again; [limits] and [log] apply at once, the log names what needs a restart.")]
 pub struct Args {
     /// Configuration file (TOML, docs/config.md). Without it: the embedded default.
     #[arg(long, env = "EDGELLM_CONFIG")]
@@ -96,14 +97,7 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
             return Err(e.into());
         }
     };
-    // The embedded broker logs every connection at info and every disconnect as an error:
-    // noise in a field log. EDGELLM_LOG=rumqttd=info (or log.level) brings it back.
-    let level = if cfg.log.level.contains("rumqttd") {
-        cfg.log.level.clone()
-    } else {
-        format!("{},rumqttd=off", cfg.log.level)
-    };
-    super::init_logging(verbose, &level);
+    let set_filter = super::init_reloadable_logging(verbose, &log_filter(&cfg.log.level));
     if a.check {
         println!(
             "configuration OK: model {}, mqtt {}, device {}",
@@ -113,6 +107,20 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
         );
         return Ok(());
     }
-    edgellm::daemon::serve::serve(cfg, model)?;
+    let reload = edgellm::daemon::serve::Reload {
+        config: Box::new(move || config(&a).map(|(c, _)| c)),
+        log: Box::new(move |level| set_filter(&log_filter(level))),
+    };
+    edgellm::daemon::serve::serve(cfg, model, reload)?;
     Ok(())
+}
+
+/// The filter for `log.level`. The embedded broker logs every connection at info and every
+/// disconnect as an error: noise in a field log, off unless the level names rumqttd.
+fn log_filter(level: &str) -> String {
+    if level.contains("rumqttd") {
+        level.to_owned()
+    } else {
+        format!("{level},rumqttd=off")
+    }
 }

@@ -323,7 +323,31 @@ impl Config {
             dir: dir.clone(),
             ram_bytes: self.state.ram_budget,
             disk_bytes: self.state.disk_budget,
+            max_sessions: Some(self.limits.max_sessions),
         })
+    }
+
+    /// The sections that differ from `other`, but for `[limits]` and `[log]` (a reload applies
+    /// those): what a restart is needed for.
+    pub fn differs_from(&self, other: &Config) -> Vec<&'static str> {
+        let mut d = Vec::new();
+        if self.model != other.model {
+            d.push("model");
+        }
+        if self.state != other.state {
+            d.push("state");
+        }
+        if self.mqtt != other.mqtt {
+            d.push("mqtt");
+        }
+        if self.serial != other.serial {
+            d.push("serial");
+        }
+        // The store is opened once with it.
+        if self.limits.max_sessions != other.limits.max_sessions {
+            d.push("limits.max_sessions");
+        }
+        d
     }
 
     /// The service worker's sizes (`per_source` clamped to `queue_depth`) and sessions.

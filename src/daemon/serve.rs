@@ -41,8 +41,18 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long start-up waits for the broker before it reports ready without it.
 const BROKER_WAIT: Duration = Duration::from_secs(10);
 
+/// Sets the log filter to a `log.level`; `Err` says why it cannot.
+pub type SetLogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// What SIGHUP needs from the caller, who knows where the configuration came from.
+pub struct Reload {
+    /// Reads and validates the configuration again (the same file, the same overrides).
+    pub config: Box<dyn Fn() -> Result<Config, String> + Send + Sync>,
+    pub log: SetLogLevel,
+}
+
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
-pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
+pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonError> {
     let started = Instant::now();
     let hooks = super::hooks::TestHooks::from_env();
     let notifier = Arc::new(Notifier::from_env());
@@ -79,6 +89,7 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
     let result = rt.block_on(async {
         let (stop_tx, stop_rx) = watch::channel(false);
         let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));
+        let (limits_tx, limits_rx) = watch::channel(cfg.limits());
         let board = Arc::new(board);
         let mut tasks = Vec::new();
 
@@ -103,6 +114,7 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
                 service: handle.clone(),
                 ids: request_ids(),
                 journal: Arc::new(std::sync::Mutex::new(open_journal(&cfg))),
+                limits: limits_rx,
             };
             // In a fleet, a second connection for the shared topic (see Role::Fleet).
             let fleet = s.topics.fleet_request.is_some().then(|| Settings {
@@ -165,7 +177,16 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
         ));
         tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
 
-        wait_for_stop().await;
+        let mut current = cfg.clone();
+        wait_for_stop(|| {
+            apply_reload(&mut current, &reload, &handle, &limits_tx);
+            notifier.status(&format!(
+                "serving {} ({}), configuration reloaded",
+                board.model_name(),
+                board.kernels()
+            ));
+        })
+        .await;
         notifier.stopping("stopping: finishing the answer in progress");
         tracing::info!("stopping");
         // No new requests, the running answer finishes or is cancelled within the grace
@@ -271,8 +292,58 @@ fn request_ids() -> Arc<dyn Fn() -> String + Send + Sync> {
     Arc::new(move || format!("gen-{boot:x}-{}", n.fetch_add(1, Ordering::Relaxed)))
 }
 
-/// SIGTERM or SIGINT. SIGHUP is answered with a log line: nothing is reloaded yet.
-async fn wait_for_stop() {
+/// SIGHUP: reads the configuration again and applies what can change while serving, the
+/// limits and the log level; says which other changes wait for a restart. An invalid file
+/// changes nothing.
+fn apply_reload(
+    cur: &mut Config,
+    reload: &Reload,
+    handle: &crate::service::Handle,
+    limits: &watch::Sender<crate::mqtt::contract::Limits>,
+) {
+    let new = match (reload.config)() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("SIGHUP: the configuration is not valid, nothing changed: {e}");
+            return;
+        }
+    };
+    let mut applied = Vec::new();
+    if new.limits != cur.limits {
+        let s = new.service_config();
+        handle.set_limits(s.queue_depth, s.per_source, s.max_prompt_bytes);
+        // The packet size was set at connection: the payload bound stays until a restart.
+        let _ = limits.send(crate::mqtt::contract::Limits {
+            max_payload: cur.limits().max_payload,
+            ..new.limits()
+        });
+        cur.limits = new.limits.clone();
+        applied.push("limits");
+    }
+    if new.log != cur.log {
+        match (reload.log)(&new.log.level) {
+            Ok(()) => {
+                cur.log = new.log.clone();
+                applied.push("log");
+            }
+            Err(e) => tracing::warn!("SIGHUP: log.level not changed: {e}"),
+        }
+    }
+    let restart = cur.differs_from(&new);
+    tracing::info!(
+        applied = ?applied,
+        need_restart = ?restart,
+        "SIGHUP: configuration reloaded{}",
+        if restart.is_empty() {
+            ""
+        } else {
+            "; restart to apply the other changes"
+        }
+    );
+}
+
+/// SIGTERM or SIGINT; `on_hup` for each SIGHUP.
+async fn wait_for_stop(mut on_hup: impl FnMut()) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -286,7 +357,7 @@ async fn wait_for_stop() {
         tokio::select! {
             _ = term.recv() => return,
             _ = int.recv() => return,
-            _ = hup.recv() => tracing::warn!("SIGHUP: this version reloads nothing; restart to apply a changed configuration"),
+            _ = hup.recv() => on_hup(),
         }
     }
 }

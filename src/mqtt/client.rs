@@ -42,6 +42,8 @@ pub struct Settings {
     pub keepalive: Duration,
     pub topics: Topics,
     pub qos: QoS,
+    /// Its `max_payload` sizes the connection's packets (a change needs a restart); the rest
+    /// is taken from [`Shared::limits`], which a reload changes.
     pub limits: Limits,
     pub role: Role,
     /// Tests only: SIGKILL right after the answer to this request id is journaled.
@@ -73,6 +75,8 @@ pub struct Shared {
     pub service: Handle,
     pub ids: Arc<dyn Fn() -> String + Send + Sync>,
     pub journal: SharedJournal,
+    /// The bounds requests are held to now (a reload sends new ones).
+    pub limits: watch::Receiver<Limits>,
 }
 
 /// Deliveries received and not yet answered, by key (a count: a client may send the same
@@ -403,7 +407,7 @@ fn on_publish(
         origin,
         &source,
         move || ids(),
-        &s.limits,
+        &shared.limits.borrow().clone(),
         Instant::now(),
     );
     let reply_to = |id: &str| {

@@ -27,7 +27,6 @@ pub(super) struct Worker {
     pub(super) engine: Engine,
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: Store,
-    pub(super) max_prompt_bytes: usize,
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) shared: Arc<Shared>,
 }
@@ -139,7 +138,7 @@ impl Worker {
             self.template.as_ref(),
             req,
             n_ctx,
-            self.max_prompt_bytes,
+            self.shared.max_prompt_bytes.load(Ordering::Relaxed),
         )?;
         let params = GenParams {
             max_tokens: req.max_tokens,

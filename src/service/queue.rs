@@ -45,6 +45,13 @@ impl<T> FairQueue<T> {
         self.capacity
     }
 
+    /// New bounds (a reload). Jobs already queued stay, even past them: nothing accepted is
+    /// dropped; new ones are refused until the queue is back under.
+    pub fn set_bounds(&mut self, capacity: usize, per_source: usize) {
+        self.capacity = capacity.max(1);
+        self.per_source = per_source.clamp(1, self.capacity);
+    }
+
     /// Queues `job` behind the other jobs of `source`, or says why it cannot.
     pub fn push(&mut self, source: &str, job: T) -> Result<(), (Full, T)> {
         if self.len >= self.capacity {
@@ -116,6 +123,25 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(order, ["plc1", "c1", "m1", "plc2", "c2", "plc3"]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn smaller_bounds_keep_what_is_queued_and_refuse_until_back_under() {
+        let mut q = FairQueue::new(4, 4);
+        for j in 1..=4 {
+            q.push("a", j).unwrap();
+        }
+        q.set_bounds(2, 8);
+        assert_eq!(q.len(), 4);
+        assert_eq!(q.push("b", 5), Err((Full::Queue { capacity: 2 }, 5)));
+        let popped: Vec<_> = std::iter::from_fn(|| q.pop()).take(3).collect();
+        assert_eq!(popped, [1, 2, 3]);
+        // per_source was clamped to the new capacity.
+        q.push("b", 5).unwrap();
+        assert_eq!(q.push("b", 6), Err((Full::Queue { capacity: 2 }, 6)));
+        q.set_bounds(8, 1);
+        assert_eq!(q.push("b", 6), Err((Full::Source { per_source: 1 }, 6)));
+        q.push("c", 7).unwrap();
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::{ErrorCode, Event, Request, ServiceError};
 use crate::engine::Engine;
 use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -122,6 +122,8 @@ pub(super) struct Shared {
     progress_ms: AtomicU64,
     /// The worker is answering a request.
     pub(super) busy: AtomicBool,
+    /// Most bytes of user text in one request (changed by a reload).
+    pub(super) max_prompt_bytes: AtomicUsize,
 }
 
 impl Shared {
@@ -252,6 +254,15 @@ impl Handle {
         true
     }
 
+    /// New bounds for the requests to come (a reload): queue depth, per-source share, prompt
+    /// bytes. Requests already accepted keep going.
+    pub fn set_limits(&self, queue_depth: usize, per_source: usize, max_prompt_bytes: usize) {
+        self.shared.lock().queue.set_bounds(queue_depth, per_source);
+        self.shared
+            .max_prompt_bytes
+            .store(max_prompt_bytes, Ordering::Relaxed);
+    }
+
     /// Requests waiting (the one being answered not counted).
     pub fn queue_len(&self) -> usize {
         self.shared.lock().queue.len()
@@ -329,12 +340,12 @@ impl Service {
             epoch: Instant::now(),
             progress_ms: AtomicU64::new(0),
             busy: AtomicBool::new(false),
+            max_prompt_bytes: AtomicUsize::new(cfg.max_prompt_bytes),
         });
         let mut worker = Worker {
             engine,
             template,
             sessions,
-            max_prompt_bytes: cfg.max_prompt_bytes,
             test_stall: cfg.test_stall,
             shared: Arc::clone(&shared),
         };

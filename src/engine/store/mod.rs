@@ -76,6 +76,9 @@ pub struct StoreConfig {
     /// least recently saved sessions' files are deleted (never a system prompt's, never the
     /// session just saved).
     pub disk_bytes: u64,
+    /// Most session files kept; past it, the least recently saved are deleted the same way.
+    /// `None`: as many as the disk budget holds.
+    pub max_sessions: Option<usize>,
 }
 
 /// Counters and the last error, for a status request or a log line.
@@ -96,7 +99,7 @@ pub struct StoreStatus {
     pub save_failures: u64,
     /// Sessions dropped from RAM (their files keep them).
     pub evicted_ram: u64,
-    /// Session files deleted to stay within the disk budget.
+    /// Session files deleted to stay within the disk budget, or within the most sessions kept.
     pub evicted_disk: u64,
     /// Sessions dropped from RAM that were not on flash (a save had failed): lost.
     pub lost: u64,
@@ -164,6 +167,7 @@ pub struct SessionStore {
     max_resident: usize,
     prefixes: Vec<Prefix>,
     disk_budget: u64,
+    max_sessions: Option<usize>,
     clock: u64,
     status: StoreStatus,
     /// Held for the store's lifetime; `None` when the directory is read-only.
@@ -227,6 +231,7 @@ impl SessionStore {
             max_resident,
             prefixes: Vec::new(),
             disk_budget: cfg.disk_bytes,
+            max_sessions: cfg.max_sessions,
             clock: 0,
             status,
             _lock: lock,
@@ -409,13 +414,16 @@ impl SessionStore {
         }
     }
 
-    /// Deletes the least recently written session files until the directory fits the budget.
+    /// Deletes the least recently written session files until the directory fits the disk
+    /// budget and holds at most `max_sessions` of them.
     fn enforce_disk_budget(&mut self, keep: Option<&SessionId>) {
         let usage = self.disk_usage();
         let mut total = usage.total;
+        let mut count = usage.sessions.len();
         let keep = keep.map(|k| format!("{k}.kv"));
         for (_, name, len) in usage.sessions {
-            if total <= self.disk_budget {
+            let too_many = self.max_sessions.is_some_and(|m| count > m);
+            if total <= self.disk_budget && !too_many {
                 break;
             }
             if Some(&name) == keep.as_ref() {
@@ -427,8 +435,14 @@ impl SessionStore {
                 continue;
             }
             total -= len;
+            count -= 1;
             self.status.evicted_disk += 1;
-            tracing::info!(file = %path.display(), bytes = len, "session file deleted (disk budget)");
+            let why = if too_many {
+                "most sessions kept"
+            } else {
+                "disk budget"
+            };
+            tracing::info!(file = %path.display(), bytes = len, "session file deleted ({why})");
             // A resident session whose file was deleted starts a new one on its next save.
             if let Some(s) = self
                 .slots
