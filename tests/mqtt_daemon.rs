@@ -403,3 +403,65 @@ fn sighup_applies_new_limits_and_log_level_and_names_what_needs_a_restart() {
     // The debug level is in force: the worker's debug lines appear now.
     assert!(d.log_text().contains("DEBUG"), "{}", d.log_text());
 }
+
+#[test]
+fn a_daemon_on_mqtt_3_1_1_answers_the_same_on_its_response_topic() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[model]\npath = \"{}\"\nctx = 512\nthreads = 1\n\
+             [mqtt]\nbroker = \"127.0.0.1:{}\"\ndevice = \"{DEVICE}\"\nprotocol = \"v311\"\n",
+            model(),
+            broker.port
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(&["--config", conf.to_str().unwrap()], &[]);
+    assert!(d.log_text().contains("version=V311"), "{}", d.log_text());
+    let q = "What is the capital of France?";
+    let run = run_chat(q, "12");
+    // `ask` speaks MQTT 5 and also listens on {prefix}/{device}/response/{id}, where a 3.1.1
+    // daemon (which cannot see a response topic) answers.
+    let answer = json_of(&ask(broker.port, &["-n", "12", "--json", q]));
+    assert_eq!(answer["text"], run["text"], "{answer}");
+    // A plain 3.1.1 client: request and answer by id, streamed chunks in order.
+    use std::io::BufRead;
+    let mut sub = subscribe(
+        broker.port,
+        &format!("edgellm/{DEVICE}/response/v4"),
+        40,
+        60,
+    );
+    publish(
+        broker.port,
+        &format!("edgellm/{DEVICE}/request"),
+        br#"{"id":"v4","prompt":"What is the capital of France?","max_tokens":12,"stream":true}"#,
+    );
+    // Up to the final message (mosquitto_sub would wait for 40 or its timeout).
+    let mut got = Vec::new();
+    for line in std::io::BufReader::new(sub.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        let (t, p) = line.split_once(' ').unwrap();
+        got.push((t.to_owned(), p.to_owned()));
+        if p.contains(r#""done":true"#) {
+            break;
+        }
+    }
+    let _ = sub.kill();
+    let _ = sub.wait();
+    let last: Value = serde_json::from_str(&got.last().expect("an answer").1).unwrap();
+    assert_eq!(last["done"], true, "{got:?}");
+    assert_eq!(last["text"], run["text"]);
+    let chunks: String = got
+        .iter()
+        .filter_map(|(_, p)| serde_json::from_str::<Value>(p).ok())
+        .filter(|v| v["done"] == false)
+        .map(|v| v["delta"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(chunks, run["text"].as_str().unwrap());
+}

@@ -208,15 +208,16 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
 /// The MQTT client's settings, or `None` with `mqtt.broker = "off"`.
 fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
     let m = &cfg.mqtt;
-    if m.protocol != super::config::Protocol::V5 {
-        return Err(DaemonError::Config(
-            "mqtt.protocol = \"v311\": this version's client speaks MQTT 5 only (brokers \
-             from Mosquitto 1.6 and EMQX 4 on do); 3.1.1 clients can still send requests"
-                .into(),
-        ));
-    }
+    let version = match m.protocol {
+        super::config::Protocol::V5 => crate::mqtt::link::Version::V5,
+        super::config::Protocol::V311 => crate::mqtt::link::Version::V311,
+    };
     let (host, port) = match &m.broker {
         Broker::Off => return Ok(None),
+        // rumqttd serves 3.1.1 on the port after the MQTT 5 one.
+        Broker::Embedded if version == crate::mqtt::link::Version::V311 => {
+            ("127.0.0.1".to_owned(), m.embedded_port + 1)
+        }
         Broker::Embedded => ("127.0.0.1".to_owned(), m.embedded_port),
         Broker::Remote { host, port } => (host.clone(), *port),
     };
@@ -258,6 +259,7 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         qos,
         limits: cfg.limits(),
         role: Role::Device,
+        version,
         test_kill_after_journal: None,
     }))
 }

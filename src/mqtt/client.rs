@@ -21,12 +21,11 @@
 
 use super::contract::{self, Limits, Origin, Topics};
 use super::journal::{self, Answer, Journal, Key};
+use super::link::{self, Ack, Incoming, Link, Message, Props, Version};
 use crate::service::worker::Sink;
 use crate::service::{Event, Handle};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{LastWill, Packet, Publish, PublishProperties};
-use rumqttc::v5::{AsyncClient, Event as MqttEvent, MqttOptions};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -46,6 +45,7 @@ pub struct Settings {
     /// is taken from [`Shared::limits`], which a reload changes.
     pub limits: Limits,
     pub role: Role,
+    pub version: Version,
     /// Tests only: SIGKILL right after the answer to this request id is journaled.
     pub test_kill_after_journal: Option<String>,
 }
@@ -126,7 +126,7 @@ struct Ctx {
     stream: bool,
     /// The delivery, for the journal.
     key: Key,
-    ack: Option<Publish>,
+    ack: Option<Ack>,
 }
 
 /// The service's sink for one request: events go to the publisher task. Called on the worker
@@ -159,38 +159,27 @@ pub async fn run(
     let device = s.role == Role::Device;
     // Fired once requests can arrive: subscribed, or the broker kept our subscriptions.
     let mut ready = Some(ready);
-    let mut opts = MqttOptions::new(&s.client_id, &s.host, s.port);
-    opts.set_keep_alive(s.keepalive)
-        .set_clean_start(!device)
-        // A day: requests published while the daemon restarts wait for it at the broker. The
-        // fleet's session ends with its connection.
-        .set_session_expiry_interval(device.then_some(86_400))
-        .set_manual_acks(true)
+    let (client, mut eventloop) = link::new(&link::Options {
+        version: s.version,
+        client_id: &s.client_id,
+        host: &s.host,
+        port: s.port,
+        keepalive: s.keepalive,
+        // Requests published while the daemon restarts wait for it at the broker (a day, in
+        // MQTT 5). The fleet's session ends with its connection.
+        persistent: device,
+        session_expiry_s: 86_400,
         // Twice the payload limit: a request somewhat over it is still received, and answered
         // too_large; the broker discards a bigger one (MQTT 5 maximum packet size).
-        .set_max_packet_size(Some(
-            u32::try_from(s.limits.max_payload.saturating_mul(2).saturating_add(4096))
-                .unwrap_or(u32::MAX),
-        ))
-        .set_outgoing_inflight_upper_limit(32);
-    if device {
-        opts.set_last_will(LastWill::new(
-            &s.topics.status,
-            offline.clone(),
-            QoS::AtLeastOnce,
-            true,
-            None,
-        ));
-    }
-    if let Some((u, p)) = &s.credentials {
-        opts.set_credentials(u, p);
-    }
-    if let Some(tls) = &s.tls {
-        opts.set_transport(rumqttc::Transport::tls_with_config(
-            rumqttc::TlsConfiguration::Rustls(Arc::clone(tls)),
-        ));
-    }
-    let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        max_packet: s.limits.max_payload.saturating_mul(2).saturating_add(4096),
+        inflight: 32,
+        will: device.then(|| (s.topics.status.as_str(), offline.clone())),
+        credentials: s
+            .credentials
+            .as_ref()
+            .map(|(u, p)| (u.as_str(), p.as_str())),
+        tls: s.tls.clone(),
+    });
     let (tx, rx) = mpsc::channel::<Out>(256);
     let inflight = Arc::new(InFlight::default());
     let publisher = tokio::spawn(publish_answers(
@@ -219,7 +208,7 @@ pub async fn run(
             }
             let body = status.borrow_and_update().clone();
             if status_client
-                .publish(&status_topic, QoS::AtLeastOnce, true, body)
+                .publish(&status_topic, QoS::AtLeastOnce, true, body, None)
                 .await
                 .is_err()
             {
@@ -241,19 +230,19 @@ pub async fn run(
             _ = stop.changed() => break,
         };
         match ev {
-            Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
+            Ok(Incoming::ConnAck { session_present }) => {
                 backoff.reset();
-                tracing::info!(broker = %format!("{}:{}", s.host, s.port), role = ?s.role, session_present = ack.session_present, "MQTT connected");
-                if ack.session_present {
+                tracing::info!(broker = %format!("{}:{}", s.host, s.port), role = ?s.role, version = ?s.version, session_present, "MQTT connected");
+                if session_present {
                     connected(&mut ready);
                 } else {
                     subscribe(&client, &s.topics, s.role, s.qos);
                 }
             }
             // Our only SUBSCRIBE of a connection: every topic is in place.
-            Ok(MqttEvent::Incoming(Packet::SubAck(_))) => connected(&mut ready),
-            Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
-                on_publish(&s, &shared, &client, &tx, &inflight, p);
+            Ok(Incoming::SubAck) => connected(&mut ready),
+            Ok(Incoming::Publish(p)) => {
+                on_publish(&s, &shared, &client, &tx, &inflight, *p);
             }
             Ok(_) => {}
             Err(e) => {
@@ -289,13 +278,13 @@ pub async fn run(
     // The offline status ourselves (a clean disconnect suppresses the will), then poll until
     // it is out or a bound passes.
     if device {
-        let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline);
+        let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline, None);
     }
     let _ = client.try_disconnect();
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
         match tokio::time::timeout(Duration::from_millis(500), eventloop.poll()).await {
-            Ok(Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect))) | Ok(Err(_)) | Err(_) => {
+            Ok(Ok(Incoming::Disconnected)) | Ok(Err(_)) | Err(_) => {
                 break;
             }
             Ok(Ok(_)) => {}
@@ -305,7 +294,7 @@ pub async fn run(
 
 /// Subscribes to every topic of the role in one SUBSCRIBE, so one SUBACK says all of them are
 /// in place.
-fn subscribe(client: &AsyncClient, t: &Topics, role: Role, qos: QoS) {
+fn subscribe(client: &Link, t: &Topics, role: Role, qos: QoS) {
     let topics = match role {
         Role::Device => vec![t.request.clone(), t.cancel.clone()],
         Role::Fleet => t
@@ -315,11 +304,8 @@ fn subscribe(client: &AsyncClient, t: &Topics, role: Role, qos: QoS) {
             .cloned()
             .collect(),
     };
-    let filters = topics
-        .iter()
-        .map(|topic| rumqttc::v5::mqttbytes::v5::Filter::new(topic, qos));
-    if let Err(e) = client.try_subscribe_many(filters) {
-        tracing::error!(?topics, "cannot subscribe: {e}");
+    if client.try_subscribe(&topics, qos).is_err() {
+        tracing::error!(?topics, "cannot subscribe: the client has stopped");
     }
 }
 
@@ -327,13 +313,13 @@ fn subscribe(client: &AsyncClient, t: &Topics, role: Role, qos: QoS) {
 fn on_publish(
     s: &Settings,
     shared: &Shared,
-    client: &AsyncClient,
+    client: &Link,
     tx: &mpsc::Sender<Out>,
     inflight: &InFlight,
-    p: Publish,
+    p: Message,
 ) {
     let service = &shared.service;
-    let topic = String::from_utf8_lossy(&p.topic).into_owned();
+    let topic = p.topic.clone();
     // A fleet cancel reaches every member; the one answering the request cancels it.
     if topic == s.topics.cancel || s.topics.fleet_cancel.as_deref() == Some(topic.as_str()) {
         match contract::parse_cancel(&p.payload) {
@@ -343,7 +329,7 @@ fn on_publish(
             }
             Err(e) => tracing::warn!("cancel refused: {e}"),
         }
-        let _ = client.try_ack(&p);
+        let _ = client.try_ack(&p.ack);
         return;
     }
     let origin = if s.topics.fleet_topic.as_deref() == Some(topic.as_str()) {
@@ -352,15 +338,14 @@ fn on_publish(
         Origin::Device
     } else {
         tracing::warn!(topic, "message on a topic we did not subscribe to: ignored");
-        let _ = client.try_ack(&p);
+        let _ = client.try_ack(&p.ack);
         return;
     };
-    let props = p.properties.clone().unwrap_or_default();
     let key = journal::delivery_key(
-        &p.topic,
+        p.topic.as_bytes(),
         &p.payload,
-        props.response_topic.as_deref(),
-        props.correlation_data.as_deref(),
+        p.response_topic.as_deref(),
+        p.correlation.as_deref(),
     );
     // A redelivery (DUP: the broker sent it before and had no acknowledgement) whose answer
     // was published is answered with that answer again, not recomputed. A first delivery is
@@ -377,13 +362,9 @@ fn on_publish(
                 topic,
                 "redelivered request: its stored answer is sent again"
             );
-            let _ = match answer_properties(a.properties, a.correlation.clone()) {
-                Some(pr) => {
-                    client.try_publish_with_properties(a.topic, s.qos, false, a.payload, pr)
-                }
-                None => client.try_publish(a.topic, s.qos, false, a.payload),
-            };
-            let _ = client.try_ack(&p);
+            let props = answer_properties(a.properties, a.correlation.clone());
+            let _ = client.try_publish(&a.topic, s.qos, false, a.payload, props);
+            let _ = client.try_ack(&p.ack);
             return;
         }
         if inflight.contains(&key) {
@@ -397,7 +378,7 @@ fn on_publish(
     }
     inflight.add(key);
     // The client's own response topic keys the queue's fairness between clients.
-    let source = props
+    let source = p
         .response_topic
         .clone()
         .unwrap_or_else(|| "mqtt".to_owned());
@@ -411,8 +392,7 @@ fn on_publish(
         Instant::now(),
     );
     let reply_to = |id: &str| {
-        props
-            .response_topic
+        p.response_topic
             .clone()
             .unwrap_or_else(|| s.topics.response(id))
     };
@@ -420,11 +400,11 @@ fn on_publish(
         Arc::new(Ctx {
             id: id.to_owned(),
             topic: reply_to(id),
-            correlation: props.correlation_data.clone(),
-            properties: props.response_topic.is_some(),
+            correlation: p.correlation.clone(),
+            properties: p.response_topic.is_some(),
             stream,
             key,
-            ack: Some(p.clone()),
+            ack: Some(p.ack.clone()),
         })
     };
     match parsed {
@@ -455,7 +435,7 @@ fn on_publish(
 /// acknowledged: whatever point a crash stops this at, a redelivery finds the answer or finds
 /// a request never answered.
 async fn publish_answers(
-    client: AsyncClient,
+    client: Link,
     mut rx: mpsc::Receiver<Out>,
     journal: SharedJournal,
     qos: QoS,
@@ -520,14 +500,8 @@ async fn publish_answers(
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
             }
         }
-        let sent = match answer_properties(ctx.properties, ctx.correlation.clone()) {
-            Some(p) => {
-                client
-                    .publish_with_properties(&ctx.topic, qos, false, body, p)
-                    .await
-            }
-            None => client.publish(&ctx.topic, qos, false, body).await,
-        };
+        let props = answer_properties(ctx.properties, ctx.correlation.clone());
+        let sent = client.publish(&ctx.topic, qos, false, body, props).await;
         if sent.is_err() {
             tracing::error!(
                 request = ctx.id,
@@ -537,9 +511,12 @@ async fn publish_answers(
         }
         if last {
             if let Some(ack) = &ctx.ack
-                && let Err(e) = client.ack(ack).await
+                && client.ack(ack).await.is_err()
             {
-                tracing::warn!(request = ctx.id, "cannot acknowledge the request: {e}");
+                tracing::warn!(
+                    request = ctx.id,
+                    "cannot acknowledge the request: the client has stopped"
+                );
             }
             inflight.done(&ctx.key);
         }
@@ -547,12 +524,8 @@ async fn publish_answers(
 }
 
 /// The properties of an answer: none for a request without a response topic (see [`Ctx`]).
-fn answer_properties(properties: bool, correlation: Option<Bytes>) -> Option<PublishProperties> {
-    properties.then(|| PublishProperties {
-        correlation_data: correlation,
-        content_type: Some("application/json".into()),
-        ..Default::default()
-    })
+fn answer_properties(properties: bool, correlation: Option<Bytes>) -> Option<Props> {
+    properties.then_some(Props { correlation })
 }
 
 /// Reconnect delays: 250 ms doubling to 30 s, reset by a ConnAck.

@@ -4,3 +4,4 @@
 pub mod client;
 pub mod contract;
 pub mod journal;
+pub mod link;
