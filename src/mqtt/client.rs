@@ -280,9 +280,15 @@ fn on_publish(
     let topic = String::from_utf8_lossy(&p.topic).into_owned();
     if topic == s.topics.cancel {
         match contract::parse_cancel(&p.payload) {
+            // Off this task: cancelling a waiting request answers it through its sink, which
+            // blocks (a blocking send on the runtime's own thread panics, and took the MQTT
+            // loop down with it).
             Ok(id) => {
-                let found = service.cancel(&id);
-                tracing::info!(request = id, found, "cancel");
+                let service = service.clone();
+                tokio::task::spawn_blocking(move || {
+                    let found = service.cancel(&id);
+                    tracing::info!(request = id, found, "cancel");
+                });
             }
             Err(e) => tracing::warn!("cancel refused: {e}"),
         }
