@@ -87,8 +87,16 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
                     .into(),
             ));
         }
+        let serving = format!("serving {} ({})", board.model_name(), board.kernels());
+        // The last connection failure, until the broker accepts us: systemd's STATUS= says it.
+        let trouble = Arc::new(std::sync::Mutex::new(None::<String>));
         let mut subscribed = None;
-        if let Some(s) = settings(&cfg)? {
+        if let Some(mut s) = settings(&cfg)? {
+            s.on_link = Some(link_status(
+                Arc::clone(&notifier),
+                serving.clone(),
+                Arc::clone(&trouble),
+            ));
             let ids = request_ids();
             let offline = board.json(State::Offline, &handle);
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -126,13 +134,12 @@ pub fn serve(cfg: Config, model: PathBuf) -> Result<(), DaemonError> {
             && tokio::time::timeout(BROKER_WAIT, rx).await.is_err()
         {
             tracing::warn!("the MQTT broker is not reachable yet: serving, and retrying");
-            note = ", broker not reachable yet".into();
+            note = match &*trouble.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(why) => format!("; MQTT: {why}"),
+                None => ", broker not reachable yet".into(),
+            };
         }
-        notifier.ready(&format!(
-            "serving {} ({}){note}",
-            board.model_name(),
-            board.kernels()
-        ));
+        notifier.ready(&format!("{serving}{note}"));
         tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
 
         wait_for_stop().await;
@@ -206,7 +213,29 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         topics,
         qos,
         limits: cfg.limits(),
+        on_link: None,
     }))
+}
+
+/// Puts the broker connection's trouble on systemd's status line (`systemctl status` shows
+/// "serving …; MQTT: the broker refused the connection: bad user name or password; retrying
+/// in 2000 ms"), and takes it off once connected again.
+fn link_status(
+    n: Arc<Notifier>,
+    serving: String,
+    trouble: Arc<std::sync::Mutex<Option<String>>>,
+) -> client::OnLink {
+    Arc::new(move |why: Option<&str>| {
+        let mut t = trouble.lock().unwrap_or_else(|e| e.into_inner());
+        match why {
+            Some(w) => {
+                n.status(&format!("{serving}; MQTT: {w}"));
+                *t = Some(w.to_owned());
+            }
+            None if t.take().is_some() => n.status(&serving),
+            None => {}
+        }
+    })
 }
 
 /// Ids for requests that came without one: unique across restarts of this process.

@@ -39,7 +39,13 @@ pub struct Settings {
     pub topics: Topics,
     pub qos: QoS,
     pub limits: Limits,
+    /// Told of the connection: `None` once connected, `Some(why)` when an attempt failed
+    /// (one line for a person, with the delay before the next attempt).
+    pub on_link: Option<OnLink>,
 }
+
+/// See [`Settings::on_link`].
+pub type OnLink = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 
 /// Retained status JSON, written by the daemon, published here on change.
 pub type StatusRx = watch::Receiver<Vec<u8>>;
@@ -197,6 +203,9 @@ pub async fn run(
         match ev {
             Ok(MqttEvent::Incoming(Packet::ConnAck(ack))) => {
                 backoff.reset();
+                if let Some(f) = &s.on_link {
+                    f(None);
+                }
                 tracing::info!(broker = %format!("{}:{}", s.host, s.port), session_present = ack.session_present, "MQTT connected");
                 if ack.session_present {
                     connected(&mut ready);
@@ -212,7 +221,17 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => {
                 let wait = backoff.next();
-                tracing::warn!(broker = %format!("{}:{}", s.host, s.port), retry_in_ms = wait.as_millis() as u64, "MQTT connection: {e}");
+                let (why, ms) = (super::link::describe(&e), wait.as_millis() as u64);
+                let broker = format!("{}:{}", s.host, s.port);
+                // The broker said no, or a certificate: that lasts until someone fixes it.
+                if super::link::lasting(&e) {
+                    tracing::error!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");
+                } else {
+                    tracing::warn!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");
+                }
+                if let Some(f) = &s.on_link {
+                    f(Some(&format!("{why}; retrying in {ms} ms")));
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.changed() => break,
