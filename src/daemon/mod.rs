@@ -10,7 +10,7 @@ mod embedded;
 pub mod notify;
 pub mod serve;
 mod status;
-mod tls;
+pub mod tls;
 
 pub use serve::{DaemonError, serve};
 

@@ -77,7 +77,7 @@ fn tls(e: &rustls::Error) -> String {
             | AlertDescription::AccessDenied),
         ) => format!(
             "the broker refused this client's certificate, or wants one (mqtt.tls.cert_file \
-             and key_file): alert {a:?}"
+             and mqtt.tls.key_file): alert {a:?}"
         ),
         other => other.to_string(),
     }
