@@ -2,7 +2,7 @@
 //! makes with `openssl` (the broker's, and a client certificate for a broker that wants one),
 //! and a password file made with `mosquitto_passwd`. Right credentials answer; wrong ones are
 //! named in the log and in systemd's status line, and retried with a growing delay while the
-//! daemon keeps running.
+//! daemon keeps running, until a rotated password file lets it in.
 
 mod common;
 
@@ -355,5 +355,18 @@ fn a_wrong_password_is_named_in_the_log_and_status_and_retried_with_a_growing_de
     assert!(!out.status.success());
     assert!(bad_pw(&stderr(&out)), "{}", stderr(&out));
     assert!(stderr(&out).contains("--password-file"), "its own flag");
+
+    // The password file is read again before each attempt: once it holds the right password
+    // the daemon connects, without a restart, and its status line is clear again.
+    std::fs::write(&wrong, "s3cret\n").unwrap();
+    let log = bad.wait_log(Duration::from_secs(40), |l| l.contains("MQTT connected"));
+    assert!(log.contains("MQTT connected"), "{log}");
+    let clear = |l: &str| l.starts_with("STATUS=serving") && !l.contains("MQTT:");
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let mut status = String::new();
+    while !status.lines().any(clear) && std::time::Instant::now() < until {
+        status += &bad.wait_notify("STATUS=", Duration::from_secs(1));
+    }
+    assert!(status.lines().any(clear), "{status}");
     assert!(asked.elapsed() < Duration::from_secs(20), "not at once");
 }

@@ -208,6 +208,7 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         port,
         client_id: format!("edgellm-{}", m.device),
         credentials,
+        reread_password: m.password_file.is_some().then(|| reread(cfg)),
         tls,
         keepalive: m.keepalive(),
         topics,
@@ -215,6 +216,15 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         limits: cfg.limits(),
         on_link: None,
     }))
+}
+
+/// Reads `mqtt.password_file` again, with the checks of the first time.
+fn reread(cfg: &Config) -> client::Reread {
+    let cfg = cfg.clone();
+    Arc::new(move || match cfg.password() {
+        Ok(p) => Ok(p.map(|p| p.expose().to_owned()).unwrap_or_default()),
+        Err(e) => Err(e.to_string()),
+    })
 }
 
 /// Puts the broker connection's trouble on systemd's status line (`systemctl status` shows

@@ -34,6 +34,9 @@ pub struct Settings {
     pub port: u16,
     pub client_id: String,
     pub credentials: Option<(String, String)>,
+    /// Reads the password again (`mqtt.password_file`): before each new attempt, so that a
+    /// rotated password is used without a restart.
+    pub reread_password: Option<Reread>,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub keepalive: Duration,
     pub topics: Topics,
@@ -43,6 +46,9 @@ pub struct Settings {
     /// (one line for a person, with the delay before the next attempt).
     pub on_link: Option<OnLink>,
 }
+
+/// See [`Settings::reread_password`].
+pub type Reread = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// See [`Settings::on_link`].
 pub type OnLink = Arc<dyn Fn(Option<&str>) + Send + Sync>;
@@ -235,6 +241,14 @@ pub async fn run(
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.changed() => break,
+                }
+                if let (Some((user, _)), Some(read)) = (&s.credentials, &s.reread_password) {
+                    match read() {
+                        Ok(p) => {
+                            eventloop.options.set_credentials(user, p);
+                        }
+                        Err(e) => tracing::warn!("the password is not read again: {e}"),
+                    }
                 }
             }
         }
