@@ -212,8 +212,8 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
             Err(_) => return Err(format!("no answer from {device} within {} s", a.timeout).into()),
             // A broker that refused us (credentials) or a failed TLS handshake (a
             // certificate) stays so: say it at once.
-            Ok(Err(e)) if edgellm::mqtt::link::lasting(&e) => {
-                let why = in_flags(&edgellm::mqtt::link::describe(&e));
+            Ok(Err(e)) if edgellm::mqtt::failure::lasting(&e) => {
+                let why = in_flags(&edgellm::mqtt::failure::describe(&e));
                 return Err(format!("MQTT broker {host}:{port}: {why}").into());
             }
             // A broker not up yet (the daemon's embedded one, starting): try again until the

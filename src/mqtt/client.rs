@@ -227,10 +227,10 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => {
                 let wait = backoff.next();
-                let (why, ms) = (super::link::describe(&e), wait.as_millis() as u64);
+                let (why, ms) = (super::failure::describe(&e), wait.as_millis() as u64);
                 let broker = format!("{}:{}", s.host, s.port);
                 // The broker said no, or a certificate: that lasts until someone fixes it.
-                if super::link::lasting(&e) {
+                if super::failure::lasting(&e) {
                     tracing::error!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");
                 } else {
                     tracing::warn!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");

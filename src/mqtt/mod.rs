@@ -1,7 +1,7 @@
 //! The MQTT front end: [`contract`] turns topics and JSON into service requests and events back
-//! (pure); [`client`] is the tokio loop that owns the connection; [`link`] says why a
+//! (pure); [`client`] is the tokio loop that owns the connection; [`failure`] says why a
 //! connection failed (pure).
 
 pub mod client;
 pub mod contract;
-pub mod link;
+pub mod failure;
