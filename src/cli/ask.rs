@@ -2,11 +2,14 @@
 
 use super::CliResult;
 use bytes::Bytes;
+use edgellm::daemon::{Broker, TlsConfig};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use serde_json::{Value, json};
 use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Ask a running `edgellm serve` a question over MQTT and print the answer as it streams.
@@ -20,7 +23,9 @@ use std::time::Duration;
 Examples:
   edgellm ask 'What is the boiling point of water?'          # the daemon on this machine
   edgellm ask --broker 10.0.0.5:1883 --device press-7 --session shift-a 'Status?'
-  edgellm ask --json 'Hi'                                     # the final message, as JSON")]
+  edgellm ask --json 'Hi'                                     # the final message, as JSON
+  edgellm ask --broker broker.plant.local:8883 --ca-file ca.pem \
+      --username press-7 --password-file ~/.mqtt-pass 'Status?'   # TLS and a password")]
 pub struct Args {
     /// The question (a user message; the model's chat template is applied).
     prompt: String,
@@ -51,6 +56,85 @@ pub struct Args {
     /// Print the final message as JSON instead of streaming the text.
     #[arg(long)]
     json: bool,
+    /// TLS to the broker: the CA certificate(s), PEM, that signed its certificate (as the
+    /// daemon's mqtt.tls.ca_file).
+    #[arg(long, visible_alias = "cafile", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) for a broker that wants one, with --key-file.
+    #[arg(long, value_name = "FILE", requires_all = ["ca_file", "key_file"])]
+    cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// User name for the broker.
+    #[arg(long)]
+    username: Option<String>,
+    /// A file whose first line is the broker password (never on the command line, where
+    /// other users see it).
+    #[arg(long, value_name = "FILE", requires = "username")]
+    password_file: Option<PathBuf>,
+    /// Send --username and the password to a broker on another machine without TLS.
+    #[arg(long)]
+    allow_plaintext_credentials: bool,
+}
+
+/// The broker connection's security: TLS and credentials, checked as the daemon checks its own.
+struct Security {
+    tls: Option<Arc<rustls::ClientConfig>>,
+    credentials: Option<(String, String)>,
+}
+
+fn security(a: &Args, host: &str) -> Result<Security, String> {
+    let tls = match &a.ca_file {
+        Some(ca) => Some(
+            edgellm::daemon::tls::client_config(&TlsConfig {
+                ca_file: ca.clone(),
+                cert_file: a.cert_file.clone(),
+                key_file: a.key_file.clone(),
+            })
+            .map_err(|e| in_flags(&e))?,
+        ),
+        None => None,
+    };
+    let password = match &a.password_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("--password-file {}: {e}", p.display()))?;
+            match text.lines().next() {
+                Some(l) if !l.is_empty() => l.to_owned(),
+                _ => {
+                    return Err(format!(
+                        "--password-file {}: holds no password",
+                        p.display()
+                    ));
+                }
+            }
+        }
+        None => String::new(),
+    };
+    let credentials = a.username.clone().map(|u| (u, password));
+    let loopback = Broker::parse(&a.broker).is_ok_and(|b| b.is_loopback());
+    if credentials.is_some() && tls.is_none() && !loopback && !a.allow_plaintext_credentials {
+        return Err(format!(
+            "--username: the credentials would cross the network in plaintext to {host}; add \
+             --ca-file, or --allow-plaintext-credentials on a trusted network"
+        ));
+    }
+    Ok(Security { tls, credentials })
+}
+
+/// A message written for the daemon, in this command's words: its flags for the daemon's keys.
+fn in_flags(s: &str) -> String {
+    [
+        ("mqtt.tls.ca_file", "--ca-file"),
+        ("mqtt.tls.cert_file", "--cert-file"),
+        ("mqtt.tls.key_file", "--key-file"),
+        ("mqtt.password or mqtt.password_file", "--password-file"),
+        ("mqtt.username", "--username"),
+        ("mqtt.broker", "--broker"),
+    ]
+    .iter()
+    .fold(s.to_owned(), |s, (key, flag)| s.replace(key, flag))
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -68,13 +152,14 @@ pub fn run(a: Args) -> CliResult {
         .device
         .clone()
         .unwrap_or_else(edgellm::daemon::config::default_device);
+    let sec = security(&a, &host)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(ask(a, host, port, device))
+    rt.block_on(ask(a, host, port, device, sec))
 }
 
-async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
+async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) -> CliResult {
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -85,6 +170,14 @@ async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
     opts.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
         .set_max_packet_size(Some(1 << 20));
+    if let Some((u, p)) = &sec.credentials {
+        opts.set_credentials(u, p);
+    }
+    if let Some(tls) = sec.tls {
+        opts.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Rustls(tls),
+        ));
+    }
     let (client, mut events) = AsyncClient::new(opts, 16);
     let mut req = json!({ "id": id, "prompt": a.prompt, "stream": !a.json });
     for (k, v) in [
@@ -117,6 +210,12 @@ async fn ask(a: Args, host: String, port: u16, device: String) -> CliResult {
                 return Err(format!("{device} is not online within {} s: {why}", a.timeout).into());
             }
             Err(_) => return Err(format!("no answer from {device} within {} s", a.timeout).into()),
+            // A broker that refused us (credentials) or a failed TLS handshake (a
+            // certificate) stays so: say it at once.
+            Ok(Err(e)) if edgellm::mqtt::failure::lasting(&e) => {
+                let why = in_flags(&edgellm::mqtt::failure::describe(&e));
+                return Err(format!("MQTT broker {host}:{port}: {why}").into());
+            }
             // A broker not up yet (the daemon's embedded one, starting): try again until the
             // deadline; once asked, a lost connection loses the answer.
             Ok(Err(e)) if !asked => {

@@ -11,7 +11,7 @@ mod hooks;
 pub mod notify;
 pub mod serve;
 mod status;
-mod tls;
+pub mod tls;
 
 pub use serve::{DaemonError, serve};
 

@@ -106,9 +106,17 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
                     .into(),
             ));
         }
+        let serving = format!("serving {} ({})", board.model_name(), board.kernels());
+        // The last connection failure, until the broker accepts us: systemd's STATUS= says it.
+        let trouble = Arc::new(std::sync::Mutex::new(None::<String>));
         let mut subscribed = None;
         if let Some(mut s) = settings(&cfg)? {
             s.test_kill_after_journal = hooks.kill_after_journal.clone();
+            s.on_link = Some(link_status(
+                Arc::clone(&notifier),
+                serving.clone(),
+                Arc::clone(&trouble),
+            ));
             let offline = board.json(State::Offline, &handle);
             let shared = client::Shared {
                 service: handle.clone(),
@@ -120,6 +128,8 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             let fleet = s.topics.fleet_request.is_some().then(|| Settings {
                 client_id: format!("{}-fleet", s.client_id),
                 role: Role::Fleet,
+                // The status line follows the device's own connection (the log has both).
+                on_link: None,
                 ..s.clone()
             });
             let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -168,13 +178,12 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             && tokio::time::timeout(BROKER_WAIT, rx).await.is_err()
         {
             tracing::warn!("the MQTT broker is not reachable yet: serving, and retrying");
-            note = ", broker not reachable yet".into();
+            note = match &*trouble.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(why) => format!("; MQTT: {why}"),
+                None => ", broker not reachable yet".into(),
+            };
         }
-        notifier.ready(&format!(
-            "serving {} ({}){note}",
-            board.model_name(),
-            board.kernels()
-        ));
+        notifier.ready(&format!("{serving}{note}"));
         tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
 
         let mut current = cfg.clone();
@@ -253,6 +262,7 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         port,
         client_id: format!("edgellm-{}", m.device),
         credentials,
+        reread_password: m.password_file.is_some().then(|| reread(cfg)),
         tls,
         keepalive: m.keepalive(),
         topics,
@@ -260,6 +270,7 @@ fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         limits: cfg.limits(),
         role: Role::Device,
         version,
+        on_link: None,
         test_kill_after_journal: None,
     }))
 }
@@ -283,6 +294,36 @@ fn open_journal(cfg: &Config) -> Journal {
             Journal::memory()
         }
     }
+}
+
+/// Reads `mqtt.password_file` again, with the checks of the first time.
+fn reread(cfg: &Config) -> client::Reread {
+    let cfg = cfg.clone();
+    Arc::new(move || match cfg.password() {
+        Ok(p) => Ok(p.map(|p| p.expose().to_owned()).unwrap_or_default()),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// Puts the broker connection's trouble on systemd's status line (`systemctl status` shows
+/// "serving …; MQTT: the broker refused the connection: bad user name or password; retrying
+/// in 2000 ms"), and takes it off once connected again.
+fn link_status(
+    n: Arc<Notifier>,
+    serving: String,
+    trouble: Arc<std::sync::Mutex<Option<String>>>,
+) -> client::OnLink {
+    Arc::new(move |why: Option<&str>| {
+        let mut t = trouble.lock().unwrap_or_else(|e| e.into_inner());
+        match why {
+            Some(w) => {
+                n.status(&format!("{serving}; MQTT: {w}"));
+                *t = Some(w.to_owned());
+            }
+            None if t.take().is_some() => n.status(&serving),
+            None => {}
+        }
+    })
 }
 
 /// Ids for requests that came without one: unique across restarts of this process.

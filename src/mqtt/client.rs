@@ -37,6 +37,9 @@ pub struct Settings {
     pub port: u16,
     pub client_id: String,
     pub credentials: Option<(String, String)>,
+    /// Reads the password again (`mqtt.password_file`): before each new attempt, so that a
+    /// rotated password is used without a restart.
+    pub reread_password: Option<Reread>,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub keepalive: Duration,
     pub topics: Topics,
@@ -46,6 +49,9 @@ pub struct Settings {
     pub limits: Limits,
     pub role: Role,
     pub version: Version,
+    /// Told of the connection: `None` once connected, `Some(why)` when an attempt failed
+    /// (one line for a person, with the delay before the next attempt).
+    pub on_link: Option<OnLink>,
     /// Tests only: SIGKILL right after the answer to this request id is journaled.
     pub test_kill_after_journal: Option<String>,
 }
@@ -61,6 +67,12 @@ pub enum Role {
     /// group's requests to the members that are connected.
     Fleet,
 }
+
+/// See [`Settings::reread_password`].
+pub type Reread = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// See [`Settings::on_link`].
+pub type OnLink = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 
 /// Retained status JSON, written by the daemon, published here on change.
 pub type StatusRx = watch::Receiver<Vec<u8>>;
@@ -232,6 +244,9 @@ pub async fn run(
         match ev {
             Ok(Incoming::ConnAck { session_present }) => {
                 backoff.reset();
+                if let Some(f) = &s.on_link {
+                    f(None);
+                }
                 tracing::info!(broker = %format!("{}:{}", s.host, s.port), role = ?s.role, version = ?s.version, session_present, "MQTT connected");
                 if session_present {
                     connected(&mut ready);
@@ -247,10 +262,28 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => {
                 let wait = backoff.next();
-                tracing::warn!(broker = %format!("{}:{}", s.host, s.port), retry_in_ms = wait.as_millis() as u64, "MQTT connection: {e}");
+                let (why, ms) = (&e.message, wait.as_millis() as u64);
+                let broker = format!("{}:{}", s.host, s.port);
+                // The broker said no, or a certificate: that lasts until someone fixes it.
+                if e.lasting {
+                    tracing::error!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");
+                } else {
+                    tracing::warn!(broker = %broker, retry_in_ms = ms, "MQTT connection: {why}");
+                }
+                if let Some(f) = &s.on_link {
+                    f(Some(&format!("{why}; retrying in {ms} ms")));
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.changed() => break,
+                }
+                if let (Some((user, _)), Some(read)) = (&s.credentials, &s.reread_password) {
+                    match read() {
+                        Ok(p) => {
+                            eventloop.set_credentials(user, &p);
+                        }
+                        Err(e) => tracing::warn!("the password is not read again: {e}"),
+                    }
                 }
             }
         }
@@ -323,9 +356,15 @@ fn on_publish(
     // A fleet cancel reaches every member; the one answering the request cancels it.
     if topic == s.topics.cancel || s.topics.fleet_cancel.as_deref() == Some(topic.as_str()) {
         match contract::parse_cancel(&p.payload) {
+            // Off this task: cancelling a waiting request answers it through its sink, which
+            // blocks (a blocking send on the runtime's own thread panics, and took the MQTT
+            // loop down with it).
             Ok(id) => {
-                let found = service.cancel(&id);
-                tracing::info!(request = id, found, "cancel");
+                let service = service.clone();
+                tokio::task::spawn_blocking(move || {
+                    let found = service.cancel(&id);
+                    tracing::info!(request = id, found, "cancel");
+                });
             }
             Err(e) => tracing::warn!("cancel refused: {e}"),
         }

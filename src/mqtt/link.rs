@@ -81,12 +81,12 @@ pub enum Ack {
     V4(rumqttc::Publish),
 }
 
-/// A connection that failed; `refused` when the broker said no (bad credentials, not
-/// authorised), which no retry alone will fix.
+/// A connection that failed: one line for a person ([`super::failure`]); `lasting` when the
+/// broker said no or a certificate was refused, which no retry alone will fix.
 #[derive(Debug)]
 pub struct LinkError {
     pub message: String,
-    pub refused: bool,
+    pub lasting: bool,
 }
 
 impl std::fmt::Display for LinkError {
@@ -163,11 +163,23 @@ pub fn new(o: &Options) -> (Link, Loop) {
 }
 
 impl Loop {
+    /// Credentials for the next connection attempt (a rotated password).
+    pub fn set_credentials(&mut self, user: &str, password: &str) {
+        match self {
+            Loop::V5(l) => {
+                l.options.set_credentials(user, password);
+            }
+            Loop::V4(l) => {
+                l.mqtt_options.set_credentials(user, password);
+            }
+        }
+    }
+
     pub async fn poll(&mut self) -> Result<Incoming, LinkError> {
         match self {
             Loop::V5(l) => {
+                use rumqttc::v5::Event;
                 use rumqttc::v5::mqttbytes::v5::Packet;
-                use rumqttc::v5::{ConnectionError as E, Event};
                 match l.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(a))) => Ok(Incoming::ConnAck {
                         session_present: a.session_present,
@@ -189,13 +201,13 @@ impl Loop {
                     }
                     Ok(_) => Ok(Incoming::Other),
                     Err(e) => Err(LinkError {
-                        refused: matches!(e, E::ConnectionRefused(_)),
-                        message: e.to_string(),
+                        message: super::failure::describe(&e),
+                        lasting: super::failure::lasting(&e),
                     }),
                 }
             }
             Loop::V4(l) => {
-                use rumqttc::{ConnectionError as E, Event, Packet};
+                use rumqttc::{Event, Packet};
                 match l.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(a))) => Ok(Incoming::ConnAck {
                         session_present: a.session_present,
@@ -216,8 +228,8 @@ impl Loop {
                     }
                     Ok(_) => Ok(Incoming::Other),
                     Err(e) => Err(LinkError {
-                        refused: matches!(e, E::ConnectionRefused(_)),
-                        message: e.to_string(),
+                        message: super::failure::describe_v4(&e),
+                        lasting: super::failure::lasting_v4(&e),
                     }),
                 }
             }

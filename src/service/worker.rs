@@ -230,7 +230,8 @@ impl Handle {
     }
 
     /// Cancels request `id`, waiting or running. A waiting one is taken out of the queue and
-    /// answered `cancelled` at once. Returns whether it was found.
+    /// answered `cancelled` at once, through its sink, on the calling thread: an async front
+    /// end calls this off its runtime (the sink may block). Returns whether it was found.
     pub fn cancel(&self, id: &str) -> bool {
         let mut st = self.shared.lock();
         if let Some((rid, flag)) = &st.running

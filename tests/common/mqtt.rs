@@ -248,3 +248,23 @@ pub fn publish(port: u16, topic: &str, payload: &[u8]) {
 pub fn model_arg(p: &Path) -> String {
     p.to_str().unwrap().to_owned()
 }
+
+impl Daemon {
+    /// The daemon's log once `done` says it holds what the test waits for, or when `within`
+    /// has passed (the caller asserts on what it got).
+    pub fn wait_log(&self, within: Duration, done: impl Fn(&str) -> bool) -> String {
+        let until = Instant::now() + within;
+        loop {
+            let log = self.log_text();
+            if done(&log) || Instant::now() >= until {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The daemon is still running (not exited, whatever the reason).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+}
