@@ -419,6 +419,11 @@ pub async fn run(t: Target, plan: Plan) -> super::CliResult {
     opts.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
         .set_max_packet_size(Some(1 << 20));
+    // Nagle's algorithm would hold a request behind this client's unacknowledged PUBACKs
+    // (tens of ms with delayed ACKs): the measuring client must not add its own delay.
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    opts.set_network_options(net);
     // The whole window may be handed to the event loop at once (try_publish, never awaited
     // inside the poll loop: the poll is what drains this channel), with room for the
     // subscription and the disconnect.
