@@ -1,6 +1,7 @@
 //! `edgellm ask`: one question to a daemon over MQTT 5, the answer streamed to stdout.
 
 use super::CliResult;
+use super::load;
 use bytes::Bytes;
 use edgellm::daemon::{Broker, TlsConfig};
 use rumqttc::v5::mqttbytes::QoS;
@@ -25,7 +26,21 @@ Examples:
   edgellm ask --broker 10.0.0.5:1883 --device press-7 --session shift-a 'Status?'
   edgellm ask --json 'Hi'                                     # the final message, as JSON
   edgellm ask --broker broker.plant.local:8883 --ca-file ca.pem \
-      --username press-7 --password-file ~/.mqtt-pass 'Status?'   # TLS and a password")]
+      --username press-7 --password-file ~/.mqtt-pass 'Status?'   # TLS and a password
+  edgellm ask --repeat 200 --concurrency 4 -n 32 'Hi'        # a load test: the summary only
+
+Load generator (--repeat N, with --concurrency C): the question is sent N times (each with
+its own id and correlation data, streamed), never more than C at once, and a summary is
+printed instead of the answers: requests ok, errors by code (busy, timeout, ...), requests
+with no answer within --timeout, and over the ok answers p50/p99 of the queue wait
+(timings.queue_ms), of the time to first chunk seen here (publish to first chunk), of the
+daemon's time to first token (timings.ttft_ms) and of the overhead (the time to first chunk
+minus the queue wait and the time to first token: the broker both ways, the daemon's I/O,
+this client), then completion tokens per second of wall time and the mean of the answers'
+decode tokens/s. --json prints the summary as one JSON object. All requests share one
+response topic, so the daemon counts them as one client (limits.per_source caps how many of
+them wait). Exit status 0 once the
+summary is printed, whatever the answers were.")]
 pub struct Args {
     /// The question (a user message; the model's chat template is applied).
     prompt: String,
@@ -50,10 +65,12 @@ pub struct Args {
     /// Sampling temperature (0: greedy).
     #[arg(long = "temp")]
     temperature: Option<f32>,
-    /// Seconds to wait for the whole answer.
+    /// Seconds to wait for the whole answer (with --repeat: for each request, from its
+    /// publish; and for the device to come online).
     #[arg(long, default_value_t = 120)]
     timeout: u64,
-    /// Print the final message as JSON instead of streaming the text.
+    /// Print the final message as JSON instead of streaming the text (with --repeat: the
+    /// summary).
     #[arg(long)]
     json: bool,
     /// TLS to the broker: the CA certificate(s), PEM, that signed its certificate (as the
@@ -76,12 +93,34 @@ pub struct Args {
     /// Send --username and the password to a broker on another machine without TLS.
     #[arg(long)]
     allow_plaintext_credentials: bool,
+    /// Load generator: send the question N times (1 to 100000) and print a summary of the
+    /// answers instead of them.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(load::MAX_REPEAT)))]
+    repeat: Option<u32>,
+    /// With --repeat: requests in flight at most, 1 to 256 (default 1).
+    #[arg(long, value_name = "C", requires = "repeat",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(load::MAX_CONCURRENCY)))]
+    concurrency: Option<u32>,
 }
 
 /// The broker connection's security: TLS and credentials, checked as the daemon checks its own.
-struct Security {
+pub(super) struct Security {
     tls: Option<Arc<rustls::ClientConfig>>,
     credentials: Option<(String, String)>,
+}
+
+impl Security {
+    pub(super) fn apply(&self, opts: &mut MqttOptions) {
+        if let Some((u, p)) = &self.credentials {
+            opts.set_credentials(u, p);
+        }
+        if let Some(tls) = &self.tls {
+            opts.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(Arc::clone(tls)),
+            ));
+        }
+    }
 }
 
 fn security(a: &Args, host: &str) -> Result<Security, String> {
@@ -156,31 +195,39 @@ pub fn run(a: Args) -> CliResult {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if let Some(repeat) = a.repeat {
+        let plan = load::Plan {
+            template: request(&a, None, true),
+            repeat: repeat as usize,
+            concurrency: a.concurrency.unwrap_or(1) as usize,
+            timeout: Duration::from_secs(a.timeout),
+            json: a.json,
+        };
+        let target = load::Target {
+            host,
+            port,
+            prefix: a.prefix,
+            device,
+            security: sec,
+        };
+        return rt.block_on(load::run(target, plan));
+    }
     rt.block_on(ask(a, host, port, device, sec))
 }
 
-async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) -> CliResult {
-    let nonce = std::time::SystemTime::now()
+/// A client id and request id unlikely to meet another's: the time and the process id.
+pub(super) fn nonce() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
-        ^ u64::from(std::process::id()) << 40;
-    let id = format!("ask-{nonce:x}");
-    let reply = format!("{}/{device}/response/{id}", a.prefix);
-    let mut opts = MqttOptions::new(&id, &host, port);
-    opts.set_keep_alive(Duration::from_secs(30))
-        .set_clean_start(true)
-        .set_max_packet_size(Some(1 << 20));
-    if let Some((u, p)) = &sec.credentials {
-        opts.set_credentials(u, p);
-    }
-    if let Some(tls) = sec.tls {
-        opts.set_transport(rumqttc::Transport::tls_with_config(
-            rumqttc::TlsConfiguration::Rustls(tls),
-        ));
-    }
-    let (client, mut events) = AsyncClient::new(opts, 16);
-    let mut req = json!({ "id": id, "prompt": a.prompt, "stream": !a.json });
+        ^ u64::from(std::process::id()) << 40
+}
+
+/// The request JSON for these arguments (`id` left out when `None`).
+fn request(a: &Args, id: Option<&str>, stream: bool) -> Value {
+    let mut req = json!({ "prompt": a.prompt, "stream": stream });
     for (k, v) in [
+        ("id", id.map(Value::from)),
         ("session", a.session.clone().map(Value::from)),
         ("system", a.system.clone().map(Value::from)),
         ("max_tokens", a.max_tokens.map(Value::from)),
@@ -190,6 +237,27 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
             req[k] = v;
         }
     }
+    req
+}
+
+/// The `state` of a retained status payload ("" when it cannot be read).
+pub(super) fn status_state(payload: &[u8]) -> String {
+    serde_json::from_slice::<Value>(payload)
+        .ok()
+        .and_then(|v| v["state"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) -> CliResult {
+    let id = format!("ask-{:x}", nonce());
+    let reply = format!("{}/{device}/response/{id}", a.prefix);
+    let mut opts = MqttOptions::new(&id, &host, port);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_clean_start(true)
+        .set_max_packet_size(Some(1 << 20));
+    sec.apply(&mut opts);
+    let (client, mut events) = AsyncClient::new(opts, 16);
+    let req = request(&a, Some(&id), !a.json);
     let request_topic = format!("{}/{device}/request", a.prefix);
     let status_topic = format!("{}/{device}/status", a.prefix);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.timeout);
@@ -235,10 +303,7 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
             }
             Event::Incoming(Packet::SubAck(_)) => subscribed = true,
             Event::Incoming(Packet::Publish(p)) if p.topic == status_topic.as_bytes() => {
-                let state = serde_json::from_slice::<Value>(&p.payload)
-                    .ok()
-                    .and_then(|v| v["state"].as_str().map(str::to_owned))
-                    .unwrap_or_default();
+                let state = status_state(&p.payload);
                 online = state == "online" || state == "busy";
                 if !online && !said_offline && !asked {
                     eprintln!("edgellm: {device} is {state}; waiting for it to come online");

@@ -12,6 +12,7 @@ mod common;
 mod inspect;
 mod kernels;
 mod kv;
+mod load;
 mod profile;
 mod quantize;
 mod run;
