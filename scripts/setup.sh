@@ -2,7 +2,8 @@
 # Installs everything edgellm's tests need on a fresh Debian 12 machine (run as root).
 # Idempotent: each step checks before it installs, so a second run costs seconds.
 #   - the aarch64 cross toolchain: Debian's rustc-web (with the arm64 std), the cross linker, qemu-user
-#   - mosquitto and its clients (the broker and mosquitto_pub/sub/rr of the MQTT tests)
+#   - mosquitto and its clients (the broker and mosquitto_pub/sub/rr of the MQTT tests), and
+#     openssl (the TLS tests make their certificates with it)
 #   - g++ for aarch64: bench/build-llamacpp.sh cross-builds llama.cpp (C++) for the emulated comparison
 #   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
 set -euo pipefail
@@ -13,7 +14,7 @@ have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok ins
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
-for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients unzip \
+for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl unzip \
          g++-aarch64-linux-gnu; do
     have "$p" || need_pkgs+=("$p")
 done
