@@ -149,7 +149,11 @@ pub fn new(o: &Options) -> (Link, Loop) {
             opts.set_keep_alive(o.keepalive)
                 .set_clean_session(!o.persistent)
                 .set_manual_acks(true)
-                .set_max_packet_size(o.max_packet, o.max_packet)
+                // Outgoing: an answer may be longer than a request (up to the journal's bound).
+                .set_max_packet_size(
+                    o.max_packet,
+                    o.max_packet.max(super::journal::MAX_ANSWER + 4096),
+                )
                 .set_inflight(o.inflight);
             if let Some((topic, payload)) = &o.will {
                 opts.set_last_will(rumqttc::LastWill::new(
