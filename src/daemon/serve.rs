@@ -188,12 +188,9 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
 
         let mut current = cfg.clone();
         wait_for_stop(|| {
-            apply_reload(&mut current, &reload, &handle, &limits_tx);
-            notifier.status(&format!(
-                "serving {} ({}), configuration reloaded",
-                board.model_name(),
-                board.kernels()
-            ));
+            if apply_reload(&mut current, &reload, &handle, &limits_tx) {
+                notifier.status(&format!("{serving}, configuration reloaded"));
+            }
         })
         .await;
         notifier.stopping("stopping: finishing the answer in progress");
@@ -337,18 +334,18 @@ fn request_ids() -> Arc<dyn Fn() -> String + Send + Sync> {
 
 /// SIGHUP: reads the configuration again and applies what can change while serving, the
 /// limits and the log level; says which other changes wait for a restart. An invalid file
-/// changes nothing.
+/// changes nothing (`false`).
 fn apply_reload(
     cur: &mut Config,
     reload: &Reload,
     handle: &crate::service::Handle,
     limits: &watch::Sender<crate::mqtt::contract::Limits>,
-) {
+) -> bool {
     let new = match (reload.config)() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("SIGHUP: the configuration is not valid, nothing changed: {e}");
-            return;
+            return false;
         }
     };
     let mut applied = Vec::new();
@@ -383,6 +380,7 @@ fn apply_reload(
             "; restart to apply the other changes"
         }
     );
+    true
 }
 
 /// SIGTERM or SIGINT; `on_hup` for each SIGHUP.
