@@ -7,7 +7,7 @@
 mod common;
 
 use common::json_of;
-use common::mqtt::{Daemon, Mosquitto, edgellm};
+use common::mqtt::{Daemon, Mosquitto};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -170,22 +170,10 @@ fn spawn(conf: &Path) -> Daemon {
 }
 
 fn ask(port: u16, args: &[&str]) -> std::process::Output {
-    let broker = format!("127.0.0.1:{port}");
-    let mut a = vec![
-        "ask",
-        "--broker",
-        &broker,
-        "--device",
-        DEVICE,
-        "--timeout",
-        "60",
-        "-n",
-        "4",
-        "--json",
-    ];
+    let mut a = vec!["-n", "4", "--json"];
     a.extend_from_slice(args);
     a.push("Hi");
-    edgellm(&a)
+    common::mqtt::ask(port, DEVICE, &a)
 }
 
 /// The daemon said READY=1 and its status line shows no trouble with the broker.

@@ -26,18 +26,7 @@ fn serve(port: u16, extra: &[&str]) -> Daemon {
 }
 
 fn ask(port: u16, args: &[&str]) -> std::process::Output {
-    let broker = format!("127.0.0.1:{port}");
-    let mut a = vec![
-        "ask",
-        "--broker",
-        &broker,
-        "--device",
-        DEVICE,
-        "--timeout",
-        "60",
-    ];
-    a.extend_from_slice(args);
-    edgellm(&a)
+    common::mqtt::ask(port, DEVICE, args)
 }
 
 /// `edgellm run --chat` on the same model and context as the daemon, as JSON.

@@ -4,7 +4,7 @@
 mod common;
 
 use common::json_of;
-use common::mqtt::{Daemon, Mosquitto, edgellm};
+use common::mqtt::{Daemon, Mosquitto};
 use serde_json::Value;
 
 const DEVICE: &str = "load-dev";
@@ -37,24 +37,20 @@ fn serve(port: u16, limits: &str, dir: &std::path::Path) -> Daemon {
 
 /// The load generator's JSON summary.
 fn load(port: u16, repeat: &str, concurrency: &str) -> Value {
-    let broker = format!("127.0.0.1:{port}");
-    json_of(&edgellm(&[
-        "ask",
-        "--broker",
-        &broker,
-        "--device",
+    json_of(&common::mqtt::ask(
+        port,
         DEVICE,
-        "--timeout",
-        "60",
-        "--repeat",
-        repeat,
-        "--concurrency",
-        concurrency,
-        "--json",
-        "-n",
-        "8",
-        "Name a colour.",
-    ]))
+        &[
+            "--repeat",
+            repeat,
+            "--concurrency",
+            concurrency,
+            "--json",
+            "-n",
+            "8",
+            "Name a colour.",
+        ],
+    ))
 }
 
 fn count(v: &Value, key: &str) -> u64 {

@@ -79,20 +79,7 @@ fn parsed(replies: Vec<(String, String)>) -> Vec<(String, Value)> {
 
 /// A short request is answered: the daemon is still serving.
 fn still_serves(port: u16) {
-    let broker = format!("127.0.0.1:{port}");
-    let out = edgellm(&[
-        "ask",
-        "--broker",
-        &broker,
-        "--device",
-        DEVICE,
-        "--timeout",
-        "60",
-        "-n",
-        "2",
-        "--json",
-        "Hi",
-    ]);
+    let out = common::mqtt::ask(port, DEVICE, &["-n", "2", "--json", "Hi"]);
     let v = json_of(&out);
     let finish = v["finish_reason"].as_str().unwrap_or("");
     assert!(finish == "length" || finish == "stop", "{v}");

@@ -181,6 +181,22 @@ impl Drop for Daemon {
     }
 }
 
+/// `edgellm ask --broker 127.0.0.1:PORT --device DEVICE --timeout 60 ARGS`.
+pub fn ask(port: u16, device: &str, args: &[&str]) -> Output {
+    let broker = format!("127.0.0.1:{port}");
+    let mut a = vec![
+        "ask",
+        "--broker",
+        &broker,
+        "--device",
+        device,
+        "--timeout",
+        "60",
+    ];
+    a.extend_from_slice(args);
+    edgellm(&a)
+}
+
 /// Runs `edgellm ARGS`.
 pub fn edgellm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_edgellm"))
