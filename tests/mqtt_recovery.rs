@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::mqtt::{Daemon, free_port};
+use common::mqtt::{Daemon, free_port, publish_lines};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -173,22 +173,6 @@ impl Drop for Collector {
     }
 }
 
-/// Publishes each line of `payloads` as one QoS 1 message to `topic` (one connection).
-fn publish_all(port: u16, topic: &str, payloads: &[String]) {
-    let mut p = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
-        .args(["-q", "1", "-l"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("mosquitto_pub");
-    let mut stdin = p.stdin.take().unwrap();
-    for l in payloads {
-        writeln!(stdin, "{l}").unwrap();
-    }
-    drop(stdin);
-    assert!(p.wait().unwrap().success(), "mosquitto_pub failed");
-}
-
 /// Requests with these ids; greedy, so the answer to one is the same each time it is computed.
 fn requests(ids: &[String], tokens: usize) -> Vec<String> {
     ids.iter()
@@ -253,7 +237,7 @@ fn the_daemon_killed_with_requests_pending_answers_each_exactly_once_after_a_res
         &[("EDGELLM_TEST_HOOK", "kill_after_journal=k2")],
     );
     let all = ids("k", 6);
-    publish_all(
+    publish_lines(
         broker.port,
         &format!("edgellm/{DEVICE}/request"),
         &requests(&all, 6),
@@ -320,7 +304,7 @@ fn the_broker_stopped_mid_answer_and_started_again_loses_nothing_and_doubles_not
     let d = serve(broker.port, &state, &[]);
     let all = ids("b", 5);
     let topic = format!("edgellm/{DEVICE}/request");
-    publish_all(broker.port, &topic, &requests(&all[..4], 48));
+    publish_lines(broker.port, &topic, &requests(&all[..4], 48));
     // The broker goes away once the first answer is out: the others are in the daemon's queue
     // or being answered, unacknowledged.
     let until = Instant::now() + Duration::from_secs(60);
@@ -334,7 +318,7 @@ fn the_broker_stopped_mid_answer_and_started_again_loses_nothing_and_doubles_not
     std::thread::sleep(Duration::from_millis(200));
     broker.up();
     // One more, published once the broker is back (the daemon may still be reconnecting).
-    publish_all(broker.port, &topic, &requests(&all[4..], 6));
+    publish_lines(broker.port, &topic, &requests(&all[4..], 6));
     let finals = answers.wait_all(&all, Duration::from_secs(90), &|| d.log_text());
     let log = d.log_text();
     assert!(
@@ -386,7 +370,7 @@ fn a_fleet_of_three_shares_sixty_requests_each_answered_once_by_one_of_them() {
         .iter()
         .map(|id| format!(r#"{{"id":"{id}","prompt":"Hi","max_tokens":1}}"#))
         .collect();
-    publish_all(broker.port, "edgellm/fleet/request", &reqs);
+    publish_lines(broker.port, "edgellm/fleet/request", &reqs);
     let log = || {
         daemons
             .iter()
@@ -407,7 +391,7 @@ fn a_fleet_of_three_shares_sixty_requests_each_answered_once_by_one_of_them() {
         "every daemon served some"
     );
     // A fleet request that names a session is refused: its KV cache lives on one device.
-    publish_all(
+    publish_lines(
         broker.port,
         "edgellm/fleet/request",
         &[r#"{"id":"fs","prompt":"Hi","session":"s1"}"#.to_owned()],
@@ -445,7 +429,7 @@ fn watchdog_pings_stop_while_the_engine_is_stalled_and_come_back_after() {
     };
     assert!(pings(Duration::from_millis(800)) >= 2, "{}", d.log_text());
     let answers = Collector::start(broker.port, &format!("edgellm/{DEVICE}/response/+"), None);
-    publish_all(
+    publish_lines(
         broker.port,
         &format!("edgellm/{DEVICE}/request"),
         &requests(&["w".to_owned()], 2),

@@ -6,10 +6,9 @@
 mod common;
 
 use common::json_of;
-use common::mqtt::{Daemon, Mosquitto, collect, edgellm, publish, subscribe};
+use common::mqtt::{Daemon, Mosquitto, collect, edgellm, publish, publish_lines, subscribe};
 use serde_json::Value;
-use std::io::{BufRead, Write};
-use std::process::{Command, Stdio};
+use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 const DEVICE: &str = "req-dev";
@@ -38,22 +37,6 @@ fn serve(port: u16, toml: &str, extra: &[&str]) -> (Daemon, tempfile::TempDir) {
     }
     args.extend_from_slice(extra);
     (Daemon::start(&args, &[]), dir)
-}
-
-/// One `mosquitto_pub -l`: every line a message, published back to back by one client.
-fn publish_lines(port: u16, topic: &str, lines: &[String]) {
-    let mut child = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
-        .args(["-q", "1", "-l"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("mosquitto_pub");
-    let mut stdin = child.stdin.take().unwrap();
-    for l in lines {
-        writeln!(stdin, "{l}").unwrap();
-    }
-    drop(stdin);
-    assert!(child.wait().unwrap().success(), "mosquitto_pub -l failed");
 }
 
 /// The final message of request `id` among `replies`; exactly one must be there.

@@ -181,6 +181,24 @@ impl Drop for Daemon {
     }
 }
 
+/// One `mosquitto_pub -l`: every line a QoS 1 message to `topic`, published back to back by
+/// one client.
+pub fn publish_lines(port: u16, topic: &str, lines: &[String]) {
+    use std::io::Write;
+    let mut child = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
+        .args(["-q", "1", "-l"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_pub");
+    let mut stdin = child.stdin.take().unwrap();
+    for l in lines {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "mosquitto_pub -l failed");
+}
+
 /// `edgellm ask --broker 127.0.0.1:PORT --device DEVICE --timeout 60 ARGS`.
 pub fn ask(port: u16, device: &str, args: &[&str]) -> Output {
     let broker = format!("127.0.0.1:{port}");
