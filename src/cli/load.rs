@@ -353,6 +353,12 @@ pub fn summarize(outcomes: &[Outcome], concurrency: usize, wall: Duration) -> Su
     s
 }
 
+/// `busy 3, timeout 1`: counts by name, in the map's order.
+fn tally(counts: &BTreeMap<String, usize>) -> String {
+    let parts: Vec<String> = counts.iter().map(|(c, n)| format!("{c} {n}")).collect();
+    parts.join(", ")
+}
+
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -367,23 +373,13 @@ impl fmt::Display for Summary {
             self.invalid
         )?;
         if !self.errors_by_code.is_empty() {
-            let codes: Vec<String> = self
-                .errors_by_code
-                .iter()
-                .map(|(c, n)| format!("{c} {n}"))
-                .collect();
-            writeln!(f, "errors by code: {}", codes.join(", "))?;
+            writeln!(f, "errors by code: {}", tally(&self.errors_by_code))?;
         }
         if let Some(why) = &self.first_invalid {
             writeln!(f, "first invalid answer: {why}")?;
         }
         if !self.finish_reasons.is_empty() {
-            let r: Vec<String> = self
-                .finish_reasons
-                .iter()
-                .map(|(c, n)| format!("{c} {n}"))
-                .collect();
-            writeln!(f, "finish reasons: {}", r.join(", "))?;
+            writeln!(f, "finish reasons: {}", tally(&self.finish_reasons))?;
         }
         let cell = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
         writeln!(
