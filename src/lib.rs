@@ -14,7 +14,7 @@
 //! | [`model`] | hyper-parameters, weight views, the forward pass | all of the above |
 //! | [`engine`] | sessions, sampler, generate loop, session store | `model` and below |
 //! | [`service`] | requests and events, prompt rules, the worker that owns an engine, its queue | `engine` and below |
-//! | front ends ([`mqtt`]; `serial` to come) | translate bytes to requests and events back | `service` and below |
+//! | front ends ([`mqtt`], [`serial`]) | translate bytes to requests and events back | `service` and below |
 //! | daemon (to come), CLI (`src/cli/`, the binary) | configuration, wiring, subcommands | anything |
 //!
 //! `kv` and `tokenizer` are side by side: neither uses the other. Code that joins two layers
@@ -29,5 +29,6 @@ pub mod model;
 pub mod mqtt;
 pub mod quantize;
 pub mod runtime;
+pub mod serial;
 pub mod service;
 pub mod tokenizer;

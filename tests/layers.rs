@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
 /// cannot depend on us, so it is not listed).
-const LAYERS: [(&str, &[&str]); 10] = [
+const LAYERS: [(&str, &[&str]); 11] = [
     ("gguf", &[]),
     ("kv", &["gguf"]),
     ("tokenizer", &["gguf"]),
@@ -31,6 +31,18 @@ const LAYERS: [(&str, &[&str]); 10] = [
         ],
     ),
     (
+        "serial",
+        &[
+            "gguf",
+            "kv",
+            "tokenizer",
+            "runtime",
+            "model",
+            "engine",
+            "service",
+        ],
+    ),
+    (
         "cli",
         &[
             "gguf",
@@ -42,6 +54,7 @@ const LAYERS: [(&str, &[&str]); 10] = [
             "engine",
             "service",
             "mqtt",
+            "serial",
         ],
     ),
 ];
