@@ -9,3 +9,4 @@
 
 pub mod core;
 pub mod stats;
+pub mod line;

@@ -126,6 +126,9 @@ impl Worker {
         cancel: &AtomicBool,
         started: Instant,
     ) -> Result<Done, ServiceError> {
+        if matches!(req.prompt, super::Prompt::Forget) {
+            return self.forget(req);
+        }
         if let Err(e) = req.sampling.validate() {
             return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
         }
@@ -235,6 +238,32 @@ impl Worker {
         Ok(done(
             req, built, text, finish, out, recomputed, before_gen, report,
         ))
+    }
+}
+
+impl Worker {
+    /// [`Prompt::Forget`](super::Prompt::Forget): deletes the named session.
+    fn forget(&mut self, req: &Request) -> Result<Done, ServiceError> {
+        let (Store::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
+            return Err(match req.session {
+                None => ServiceError::new(ErrorCode::BadRequest, "a reset names no session"),
+                Some(_) => no_sessions(),
+            });
+        };
+        store.delete(id)?;
+        tracing::info!(request = req.id, session = %id, "session forgotten");
+        Ok(Done {
+            id: req.id.clone(),
+            text: String::new(),
+            finish_reason: FinishReason::Eog,
+            usage: Usage::default(),
+            timings: Timings::default(),
+            prompt_ids: Vec::new(),
+            generated_ids: Vec::new(),
+            top_logits: Vec::new(),
+            truncated_tokens: 0,
+            session: None,
+        })
     }
 }
 
