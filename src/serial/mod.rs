@@ -10,3 +10,5 @@
 pub mod core;
 pub mod stats;
 pub mod line;
+pub mod port;
+pub mod driver;
