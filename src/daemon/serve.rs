@@ -90,7 +90,6 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));
         let (limits_tx, limits_rx) = watch::channel(cfg.limits());
         let mut board = board;
         let mut tasks = Vec::new();
@@ -111,6 +110,9 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         tasks.extend(serial_tasks);
         board.ports = ports;
         let board = Arc::new(board);
+        // After the ports are on the board: the first status shows them.
+        let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));
+        let shown = board.key(&handle);
 
         #[cfg(feature = "embedded-broker")]
         let _broker = match &cfg.mqtt.broker {
@@ -179,6 +181,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             Arc::clone(&board),
             handle.clone(),
             wake,
+            shown,
             status_tx,
             stop_rx.clone(),
         )));
@@ -448,12 +451,13 @@ async fn follow_status(
     board: Arc<StatusBoard>,
     handle: crate::service::Handle,
     wake: Arc<tokio::sync::Notify>,
+    // What the first status showed (a port may have opened since).
+    mut last: super::status::Key,
     tx: watch::Sender<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let w = Arc::clone(&wake);
     handle.set_observer(Arc::new(move || w.notify_one()));
-    let mut last = board.key(&handle);
     loop {
         tokio::select! {
             _ = wake.notified() => {}
