@@ -58,6 +58,21 @@ impl Worker {
             if let Event::Done(d) = &ev {
                 c.last_tps
                     .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
+                // One line per answer: what a field log needs to tell a slow engine from a
+                // slow link (bench/serial.py reads it).
+                let t = &d.timings;
+                tracing::info!(
+                    request = req.id,
+                    source = req.source,
+                    finish = ?d.finish_reason,
+                    prompt_tokens = d.usage.prompt_tokens,
+                    restored_tokens = d.usage.restored_tokens,
+                    completion_tokens = d.usage.completion_tokens,
+                    queue_ms = format!("{:.2}", t.queue_ms),
+                    ttft_ms = format!("{:.2}", t.ttft_ms),
+                    decode_tps = format!("{:.1}", t.decode_tps),
+                    "answered"
+                );
             }
             sink.send(ev);
             self.shared.busy.store(false, Ordering::Relaxed);
