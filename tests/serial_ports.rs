@@ -157,3 +157,41 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     assert_eq!(s["ok"], 6, "{s}");
     d.terminate(Duration::from_secs(20));
 }
+
+#[test]
+fn rs485_mode_on_a_pty_is_reported_once_and_the_port_still_serves() {
+    let mut p = Pty::open();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[mqtt]\nbroker = \"off\"\n[[serial]]\npath = \"{}\"\nbaud = 19200\nparity = \"even\"\n\
+             stop_bits = 2\nrs485 = true\n",
+            p.path
+        ),
+    )
+    .unwrap();
+    let m = model_arg(&common::model_path("q4_0"));
+    let c = conf.to_str().unwrap();
+    let mut d = Daemon::start(&["--config", c, "-m", &m, "-c", "256"], &[("EDGELLM_LOG", "info")]);
+    d.wait_log(T, |l| l.contains("serial port open"));
+    assert_eq!(p.ask("PING", T), "OK PONG");
+    // The line as configured: 19200 baud, 8 data bits, 2 stop bits, raw. (Linux's pty
+    // driver clears PARENB and forces CS8 whatever is asked, so parity shows only on a UART.)
+    use nix::sys::termios::{BaudRate, ControlFlags as C, LocalFlags as L, cfgetospeed};
+    let t = p.termios();
+    assert_eq!(cfgetospeed(&t), BaudRate::B19200);
+    let c = t.control_flags;
+    assert!(c.contains(C::CS8 | C::CSTOPB | C::CLOCAL | C::CREAD), "{c:?}");
+    assert!(!c.contains(C::CRTSCTS), "{c:?}");
+    assert!(!t.local_flags.intersects(L::ECHO | L::ICANON), "raw mode");
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("RS-485 direction control is not available on this port").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("ENOTTY"), "the reason is named: {log}");
+    d.terminate(Duration::from_secs(20));
+}

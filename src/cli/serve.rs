@@ -4,7 +4,8 @@ use super::CliResult;
 use edgellm::daemon::config::{Config, Overrides};
 use std::path::PathBuf;
 
-/// Run the appliance: load the model once, answer requests over MQTT until stopped.
+/// Run the appliance: load the model once, answer requests over MQTT and serial ports until
+/// stopped.
 ///
 /// With no configuration at all it serves the default model (SmolLM2-135M Q4_0 from the
 /// models/ cache) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
@@ -107,11 +108,21 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
     let set_filter =
         super::init_reloadable_logging(verbose, &log_filter(&cfg.log.level), Some(ring.clone()));
     if a.check {
+        let ports: Vec<String> = cfg
+            .serial
+            .iter()
+            .map(|s| format!("{} ({:?}, {} baud)", s.path.display(), s.mode, s.baud))
+            .collect();
         println!(
-            "configuration OK: model {}, mqtt {}, device {}",
+            "configuration OK: model {}, mqtt {}, device {}, serial {}",
             model.display(),
             cfg.mqtt.broker,
-            cfg.mqtt.device
+            cfg.mqtt.device,
+            if ports.is_empty() {
+                "none".to_owned()
+            } else {
+                ports.join(", ")
+            }
         );
         return Ok(());
     }

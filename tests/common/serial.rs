@@ -37,6 +37,11 @@ impl Pty {
         }
     }
 
+    /// The line settings of the tty now (as the daemon set them).
+    pub fn termios(&self) -> nix::sys::termios::Termios {
+        nix::sys::termios::tcgetattr(self._slave.as_fd()).unwrap()
+    }
+
     pub fn send(&mut self, bytes: &[u8]) {
         self.master.write_all(bytes).unwrap();
     }
