@@ -4,6 +4,17 @@
 
 use std::path::Path;
 
+/// What a front end (MQTT, serial) may use: the service and all below it, not each other.
+const FRONT_END: &[&str] = &[
+    "gguf",
+    "kv",
+    "tokenizer",
+    "runtime",
+    "model",
+    "engine",
+    "service",
+];
+
 /// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
 /// cannot depend on us, so it is not listed).
 const LAYERS: [(&str, &[&str]); 11] = [
@@ -18,30 +29,8 @@ const LAYERS: [(&str, &[&str]); 11] = [
         "service",
         &["gguf", "kv", "tokenizer", "runtime", "model", "engine"],
     ),
-    (
-        "mqtt",
-        &[
-            "gguf",
-            "kv",
-            "tokenizer",
-            "runtime",
-            "model",
-            "engine",
-            "service",
-        ],
-    ),
-    (
-        "serial",
-        &[
-            "gguf",
-            "kv",
-            "tokenizer",
-            "runtime",
-            "model",
-            "engine",
-            "service",
-        ],
-    ),
+    ("mqtt", FRONT_END),
+    ("serial", FRONT_END),
     (
         "cli",
         &[
