@@ -7,5 +7,7 @@
 //! service, and reopens a port that went away. Modbus is served by tokio-modbus around its own
 //! pure register map ([`modbus`]).
 
+pub mod console;
 pub mod core;
+pub mod frame;
 pub mod stats;
