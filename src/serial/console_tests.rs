@@ -323,7 +323,7 @@ fn a_megabyte_of_random_bytes_leaves_the_line_bounded_and_the_console_working() 
         c.on_bytes(&chunk, &mut e);
         fed += n;
         // Random bytes hold CRs: requests start; end each so the noise keeps being edited.
-        if e.submitted.len() > 0 {
+        if !e.submitted.is_empty() {
             c.on_event(done(FinishReason::Eog), &mut e);
             e.submitted.clear();
         }

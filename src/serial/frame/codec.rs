@@ -51,7 +51,9 @@ pub fn encode(seq: u8, kind: u8, payload: &[u8]) -> FrameBuf {
     f
 }
 
-/// What the decoder found.
+/// What the decoder found. Inline on purpose, like [`crate::service::Chunk`]: decoding a frame
+/// allocates nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq)]
 pub enum Decoded {
     /// A frame whose CRC holds.
@@ -81,7 +83,7 @@ impl Decoder {
         }
     }
 
-    /// Takes as many of `bytes` as fit and returns how many. Call [`Decoder::next`] until it
+    /// Takes as many of `bytes` as fit and returns how many. Call [`Decoder::pop`] until it
     /// returns `None` before feeding the rest: that always makes room.
     pub fn feed(&mut self, bytes: &[u8]) -> usize {
         let n = bytes.len().min(MAX_FRAME - self.buf.len());
@@ -115,7 +117,7 @@ impl Decoder {
 
     /// The next thing found in the buffered bytes, or `None` when they hold no complete
     /// candidate yet.
-    pub fn next(&mut self) -> Option<Decoded> {
+    pub fn pop(&mut self) -> Option<Decoded> {
         if self.buf.is_empty() {
             return None;
         }

@@ -367,7 +367,7 @@ impl FrameCore {
             let _ = p.extend_from_slice(&(n.min(u32::MAX as u64) as u32).to_le_bytes());
         }
         let room = self.cfg.max_payload - p.len();
-        let _ = p.extend_from_slice(s.model[..floor_char_boundary(&s.model, room)].as_bytes());
+        let _ = p.extend_from_slice(&s.model.as_bytes()[..floor_char_boundary(&s.model, room)]);
         p
     }
 }
@@ -381,7 +381,7 @@ impl Core for FrameCore {
         loop {
             let n = self.dec.feed(rest);
             rest = &rest[n..];
-            while let Some(d) = self.dec.next() {
+            while let Some(d) = self.dec.pop() {
                 self.on_decoded(d, env);
             }
             // `next` returned None: the buffer holds less than a frame, so the next feed
@@ -451,7 +451,7 @@ impl Core for FrameCore {
             }
             while self.dec.buffered() > 0 {
                 self.dec.abandon();
-                while let Some(d) = self.dec.next() {
+                while let Some(d) = self.dec.pop() {
                     self.on_decoded(d, env);
                 }
             }
@@ -482,7 +482,7 @@ fn refuse(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str) {
     let _ = p.extend_from_slice(&REFUSAL_INDEX.to_le_bytes());
     let _ = p.push(code_byte(code));
     let room = MIN_PAYLOAD - p.len();
-    let _ = p.extend_from_slice(message[..floor_char_boundary(message, room)].as_bytes());
+    let _ = p.extend_from_slice(&message.as_bytes()[..floor_char_boundary(message, room)]);
     send(env, seq, kind::ERROR, &p);
 }
 

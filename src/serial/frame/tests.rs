@@ -50,7 +50,7 @@ fn frames(env: &mut MemEnv) -> Frames {
         "more than one frame's bytes at once is fine here"
     );
     let mut v = Vec::new();
-    while let Some(x) = d.next() {
+    while let Some(x) = d.pop() {
         match x {
             Decoded::Frame { seq, kind, payload } => v.push((seq, kind, payload.to_vec())),
             other => panic!("the core wrote a bad frame: {other:?}"),
