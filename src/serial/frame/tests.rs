@@ -641,3 +641,36 @@ fn a_payload_bound_outside_the_range_is_refused() {
         );
     }
 }
+
+#[test]
+fn the_worked_example_of_the_docs_is_what_the_core_reads_and_writes() {
+    let hex = |s: &str| -> Vec<u8> {
+        s.split(' ')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect()
+    };
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&hex("A5 05 00 01 01 00 10 00 48 69 BA 3A"), &mut e);
+    assert_eq!(e.out, hex("A5 00 00 01 81 A9 E9"));
+    assert_eq!(e.submitted[0].max_tokens, 16);
+    e.out.clear();
+    c.on_event(text("Hello"), &mut e);
+    assert_eq!(e.out, hex("A5 07 00 01 83 00 00 48 65 6C 6C 6F E7 AD"));
+    e.out.clear();
+    c.on_event(text("!"), &mut e);
+    c.on_event(done(FinishReason::Eog, 9, 2), &mut e);
+    c.on_bytes(&hex("A5 02 00 01 02 00 00 4F D4"), &mut e);
+    assert_eq!(e.out, hex("A5 03 00 01 83 01 00 21 3C D0"));
+    e.out.clear();
+    c.on_bytes(&hex("A5 02 00 01 02 01 00 4E 44"), &mut e);
+    assert_eq!(
+        e.out,
+        hex("A5 0B 00 01 84 02 00 00 09 00 00 00 02 00 00 00 75 86")
+    );
+    e.out.clear();
+    c.on_bytes(&hex("A5 02 00 01 02 02 00 4E B4"), &mut e);
+    assert_eq!(c.deadline(), None);
+    // The NAK of the docs: the same REQUEST with a damaged byte.
+    c.on_bytes(&hex("A5 05 00 01 01 00 10 00 48 6A BA 3A"), &mut e);
+    assert_eq!(e.out, hex("A5 01 00 01 82 01 D5 8E"));
+}
