@@ -4,6 +4,8 @@
 #   - the aarch64 cross toolchain: Debian's rustc-web (with the arm64 std), the cross linker, qemu-user
 #   - mosquitto and its clients (the broker and mosquitto_pub/sub/rr of the MQTT tests), and
 #     openssl (the TLS tests make their certificates with it)
+#   - socat (serial tests: pty pairs behind link paths that vanish and return) and mbpoll (a
+#     second, independent Modbus master for the Modbus tests)
 #   - g++ for aarch64: bench/build-llamacpp.sh cross-builds llama.cpp (C++) for the emulated comparison
 #   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
 set -euo pipefail
@@ -14,7 +16,7 @@ have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok ins
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
-for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl unzip \
+for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl socat mbpoll unzip \
          g++-aarch64-linux-gnu; do
     have "$p" || need_pkgs+=("$p")
 done

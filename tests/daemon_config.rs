@@ -602,8 +602,14 @@ fn overrides_win_over_the_file() {
         state_dir: Some("state".into()),
         threads: Some(3),
         ctx: Some(512),
+        serial: vec!["/dev/ttyUSB0:9600:modbus".into()],
     })
     .unwrap();
+    assert_eq!(c.serial.len(), 1);
+    assert_eq!(
+        (c.serial[0].baud, c.serial[0].mode),
+        (9600, edgellm::daemon::SerialMode::Modbus)
+    );
     assert_eq!(
         c.model.path.as_deref(),
         Some(Path::new("b.gguf")),
@@ -656,6 +662,20 @@ fn a_bad_override_is_refused_as_an_override_and_changes_nothing() {
             },
             "model.ctx",
         ),
+        (
+            Overrides {
+                serial: vec!["/dev/ttyS0:115200:line".into(), "/dev/ttyS1:250000".into()],
+                ..Overrides::default()
+            },
+            "serial[1].baud",
+        ),
+        (
+            Overrides {
+                serial: vec![":9600".into()],
+                ..Overrides::default()
+            },
+            "serial[0]",
+        ),
     ] {
         let e = c.apply(&o).unwrap_err();
         assert_eq!(e.key(), Some(key), "{e}");
@@ -692,4 +712,21 @@ fn debug_output_never_shows_the_password() {
     let dbg = format!("{c:?} {:?}", c.password().unwrap());
     assert!(!dbg.contains("hunter2"), "{dbg}");
     assert!(dbg.contains("<redacted>"), "{dbg}");
+}
+
+#[test]
+fn a_serial_flag_is_read_from_the_right_so_paths_keep_their_colons() {
+    use edgellm::daemon::SerialMode;
+    use edgellm::daemon::config::parse_serial;
+    let p = parse_serial("/dev/ttyAMA0").unwrap();
+    assert_eq!((p.baud, p.mode), (115_200, SerialMode::Line));
+    let p = parse_serial("/dev/ttyAMA0:9600").unwrap();
+    assert_eq!((p.path.to_str(), p.baud), (Some("/dev/ttyAMA0"), 9600));
+    let p = parse_serial("/dev/pts/3:19200:console").unwrap();
+    assert_eq!((p.baud, p.mode), (19200, SerialMode::Console));
+    let by_path = "/dev/serial/by-path/platform-xhci-usb-0:1.3:1.0-port0";
+    let p = parse_serial(&format!("{by_path}:frame")).unwrap();
+    assert_eq!((p.path.to_str(), p.mode), (Some(by_path), SerialMode::Frame));
+    assert!(parse_serial("").is_err());
+    assert!(parse_serial(":modbus").is_err());
 }

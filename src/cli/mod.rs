@@ -13,6 +13,7 @@ mod inspect;
 mod kernels;
 mod kv;
 mod load;
+mod logring;
 mod profile;
 mod quantize;
 mod run;
@@ -82,7 +83,7 @@ pub fn main() -> ExitCode {
 /// Logs go to stderr (stdout carries the answers): `default` (a tracing filter) unless -v asks
 /// for more, or as `EDGELLM_LOG` says (a filter such as `edgellm=debug`).
 fn init_logging(verbose: u8, default: &str) {
-    let _ = init_reloadable_logging(verbose, default);
+    let _ = init_reloadable_logging(verbose, default, None);
 }
 
 /// Sets a new filter for the logs installed by [`init_reloadable_logging`].
@@ -90,7 +91,12 @@ type SetFilter = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 /// As [`init_logging`], and returns what sets another filter later (the daemon's SIGHUP). It
 /// refuses while `EDGELLM_LOG` or `-v` decide the filter: they win over the file.
-fn init_reloadable_logging(verbose: u8, default: &str) -> SetFilter {
+/// With `ring`, each line is also kept there (the daemon's last lines, for its console).
+fn init_reloadable_logging(
+    verbose: u8,
+    default: &str,
+    ring: Option<std::sync::Arc<logring::LogRing>>,
+) -> SetFilter {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => default,
@@ -102,7 +108,7 @@ fn init_reloadable_logging(verbose: u8, default: &str) -> SetFilter {
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(logring::Tee(ring.unwrap_or_default()))
         .with_target(false)
         // Colours only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

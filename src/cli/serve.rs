@@ -4,7 +4,8 @@ use super::CliResult;
 use edgellm::daemon::config::{Config, Overrides};
 use std::path::PathBuf;
 
-/// Run the appliance: load the model once, answer requests over MQTT until stopped.
+/// Run the appliance: load the model once, answer requests over MQTT and serial ports until
+/// stopped.
 ///
 /// With no configuration at all it serves the default model (SmolLM2-135M Q4_0 from the
 /// models/ cache) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
@@ -16,6 +17,7 @@ Examples:
   edgellm serve --config /etc/edgellm/edgellm.toml
   edgellm serve --mqtt 192.168.1.10:1883 --device press-7 --state-dir /var/lib/edgellm
   edgellm serve --config edgellm.toml --check     # validate and exit 0 (valid) or 1
+  edgellm serve --mqtt off --serial /dev/ttyAMA0:115200:line   # serial only
 
 Requests go to {prefix}/{device}/request, answers to the MQTT 5 response topic (or
 {prefix}/{device}/response/{id}), the retained status to {prefix}/{device}/status
@@ -48,6 +50,10 @@ pub struct Args {
     /// Context length in tokens.
     #[arg(short = 'c', long)]
     ctx: Option<usize>,
+    /// Serve a serial port: PATH[:BAUD[:MODE]], MODE `line` (default), `frame`, `modbus` or
+    /// `console`; repeat for more ports. Replaces the file's [[serial]] ports.
+    #[arg(long, value_name = "PATH[:BAUD[:MODE]]")]
+    serial: Vec<String>,
 }
 
 /// The default model: where `models/fetch.sh` puts it.
@@ -72,6 +78,7 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
         state_dir: a.state_dir.clone(),
         threads: a.threads,
         ctx: a.ctx,
+        serial: a.serial.clone(),
     })
     .map_err(|e| e.to_string())?;
     let model = cfg.model.path.clone().unwrap_or_else(default_model);
@@ -97,19 +104,32 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
             return Err(e.into());
         }
     };
-    let set_filter = super::init_reloadable_logging(verbose, &log_filter(&cfg.log.level));
+    let ring = std::sync::Arc::new(super::logring::LogRing::default());
+    let set_filter =
+        super::init_reloadable_logging(verbose, &log_filter(&cfg.log.level), Some(ring.clone()));
     if a.check {
+        let ports: Vec<String> = cfg
+            .serial
+            .iter()
+            .map(|s| format!("{} ({:?}, {} baud)", s.path.display(), s.mode, s.baud))
+            .collect();
         println!(
-            "configuration OK: model {}, mqtt {}, device {}",
+            "configuration OK: model {}, mqtt {}, device {}, serial {}",
             model.display(),
             cfg.mqtt.broker,
-            cfg.mqtt.device
+            cfg.mqtt.device,
+            if ports.is_empty() {
+                "none".to_owned()
+            } else {
+                ports.join(", ")
+            }
         );
         return Ok(());
     }
     let reload = edgellm::daemon::serve::Reload {
         config: Box::new(move || config(&a).map(|(c, _)| c)),
         log: Box::new(move |level| set_filter(&log_filter(level))),
+        log_tail: std::sync::Arc::new(move |n| ring.tail(n)),
     };
     edgellm::daemon::serve::serve(cfg, model, reload)?;
     Ok(())

@@ -178,6 +178,8 @@ pub struct Overrides {
     pub state_dir: Option<PathBuf>,
     pub threads: Option<usize>,
     pub ctx: Option<usize>,
+    /// `PATH[:BAUD[:MODE]]` for each port: replaces the file's `[[serial]]` list.
+    pub serial: Vec<String>,
 }
 
 impl FromStr for Config {
@@ -260,6 +262,9 @@ impl Config {
         if o.state_dir.is_some() {
             set("state.dir");
         }
+        if !o.serial.is_empty() {
+            set("serial");
+        }
         if let Some(m) = &o.model {
             next.model.path = Some(m.clone());
         }
@@ -277,6 +282,14 @@ impl Config {
         }
         if let Some(s) = &o.state_dir {
             next.state.dir = Some(s.clone());
+        }
+        if !o.serial.is_empty() {
+            next.serial = o
+                .serial
+                .iter()
+                .enumerate()
+                .map(|(i, s)| parse_serial(s).map_err(|r| next.invalid(bad(format!("serial[{i}]"), r))))
+                .collect::<Result<_, _>>()?;
         }
         next.check()?;
         *self = next;
@@ -379,7 +392,14 @@ impl Config {
 
     fn origin_of(&self, key: &str) -> Origin {
         match &self.file {
-            _ if self.overridden.contains(&key) => Origin::Override,
+            // `serial` overridden covers `serial[0].baud`.
+            _ if self.overridden.iter().any(|o| {
+                key.strip_prefix(o)
+                    .is_some_and(|r| r.is_empty() || r.starts_with(['[', '.']))
+            }) =>
+            {
+                Origin::Override
+            }
             Some(f) => Origin::File(f.clone()),
             None => Origin::Text,
         }
@@ -431,6 +451,41 @@ impl Config {
         }
         self.serial.iter_mut().for_each(|s| fix(&mut s.path));
     }
+}
+
+/// A port given as `PATH[:BAUD[:MODE]]`, read from the right so that a path with colons
+/// (`/dev/serial/by-path/…-usb-0:1.3:1.0-port0`) stays whole: a last part that is a mode is
+/// the mode, a last part of digits the baud rate.
+pub fn parse_serial(arg: &str) -> Result<SerialConfig, String> {
+    let mut s: SerialConfig = toml::from_str("path = \"-\"").map_err(|e| e.to_string())?;
+    let mut rest = arg;
+    if let Some((head, last)) = rest.rsplit_once(':') {
+        let mode = match last {
+            "line" => Some(SerialMode::Line),
+            "frame" => Some(SerialMode::Frame),
+            "modbus" => Some(SerialMode::Modbus),
+            "console" => Some(SerialMode::Console),
+            _ => None,
+        };
+        if let Some(m) = mode {
+            s.mode = m;
+            rest = head;
+        }
+    }
+    if let Some((head, last)) = rest.rsplit_once(':')
+        && !last.is_empty()
+        && last.bytes().all(|b| b.is_ascii_digit())
+    {
+        s.baud = last
+            .parse()
+            .map_err(|_| format!("{last}: not a baud rate"))?;
+        rest = head;
+    }
+    if rest.is_empty() {
+        return Err(format!("{arg:?}: give PATH[:BAUD[:MODE]], MODE one of line, frame, modbus, console"));
+    }
+    s.path = PathBuf::from(rest);
+    Ok(s)
 }
 
 /// Parses TOML into a [`Config`] (not yet validated); errors carry the key's path and the line.

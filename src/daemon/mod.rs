@@ -10,6 +10,7 @@ mod embedded;
 mod hooks;
 pub mod notify;
 pub mod serve;
+mod serial;
 mod status;
 pub mod tls;
 

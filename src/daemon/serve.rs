@@ -49,6 +49,8 @@ pub struct Reload {
     /// Reads and validates the configuration again (the same file, the same overrides).
     pub config: Box<dyn Fn() -> Result<Config, String> + Send + Sync>,
     pub log: SetLogLevel,
+    /// The last lines of the daemon's log, oldest first (a serial console's `log`).
+    pub log_tail: Arc<dyn Fn(usize) -> Vec<String> + Send + Sync>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
@@ -88,10 +90,29 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));
         let (limits_tx, limits_rx) = watch::channel(cfg.limits());
-        let board = Arc::new(board);
+        let mut board = board;
         let mut tasks = Vec::new();
+        // Wakes the status publisher: the service and the serial ports call it on a change.
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let ids = request_ids();
+        let w = Arc::clone(&wake);
+        let serial_ctx = crate::serial::driver::Context {
+            handle: handle.clone(),
+            model: board.model_name().to_owned(),
+            started,
+            ids: Arc::clone(&ids),
+            sessions: session_names(&cfg),
+            log_tail: Arc::clone(&reload.log_tail),
+            changed: Arc::new(move || w.notify_one()),
+        };
+        let (serial_tasks, ports) = super::serial::start(&cfg, &serial_ctx, &stop_rx)?;
+        tasks.extend(serial_tasks);
+        board.ports = ports;
+        let board = Arc::new(board);
+        // After the ports are on the board: the first status shows them.
+        let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));
+        let shown = board.key(&handle);
 
         #[cfg(feature = "embedded-broker")]
         let _broker = match &cfg.mqtt.broker {
@@ -120,7 +141,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             let offline = board.json(State::Offline, &handle);
             let shared = client::Shared {
                 service: handle.clone(),
-                ids: request_ids(),
+                ids,
                 journal: Arc::new(std::sync::Mutex::new(open_journal(&cfg))),
                 limits: limits_rx,
             };
@@ -159,6 +180,8 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         tasks.push(tokio::spawn(follow_status(
             Arc::clone(&board),
             handle.clone(),
+            wake,
+            shown,
             status_tx,
             stop_rx.clone(),
         )));
@@ -323,6 +346,25 @@ fn link_status(
     })
 }
 
+/// The names of the state directory's sessions, sorted (none without a state directory).
+fn session_names(cfg: &Config) -> Arc<dyn Fn() -> Vec<String> + Send + Sync> {
+    let dir = cfg.state.dir.as_ref().map(|d| d.join("sessions"));
+    Arc::new(move || {
+        let Some(Ok(rd)) = dir.as_ref().map(std::fs::read_dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e.file_name().into_string().ok()?;
+                n.strip_suffix(".kv").map(str::to_owned)
+            })
+            .collect();
+        names.sort();
+        names
+    })
+}
+
 /// Ids for requests that came without one: unique across restarts of this process.
 fn request_ids() -> Arc<dyn Fn() -> String + Send + Sync> {
     let n = Arc::new(AtomicU64::new(0));
@@ -408,13 +450,14 @@ async fn wait_for_stop(mut on_hup: impl FnMut()) {
 async fn follow_status(
     board: Arc<StatusBoard>,
     handle: crate::service::Handle,
+    wake: Arc<tokio::sync::Notify>,
+    // What the first status showed (a port may have opened since).
+    mut last: super::status::Key,
     tx: watch::Sender<Vec<u8>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let wake = Arc::new(tokio::sync::Notify::new());
     let w = Arc::clone(&wake);
     handle.set_observer(Arc::new(move || w.notify_one()));
-    let mut last = board.key(&handle);
     loop {
         tokio::select! {
             _ = wake.notified() => {}

@@ -2,6 +2,7 @@
 //! it is doing, and its counters.
 
 use crate::engine::Engine;
+use crate::serial::stats::{PortState, PortStats};
 use crate::service::Handle;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,10 @@ impl State {
     }
 }
 
+/// What the status shows besides the uptime and the byte counters: running, queue, counters,
+/// hash known, each port's state.
+pub type Key = (bool, usize, [u64; 5], bool, Vec<(PortState, Option<String>)>);
+
 /// What does not change while the daemon runs, and the clock of its uptime.
 pub struct StatusBoard {
     model_name: String,
@@ -39,6 +44,8 @@ pub struct StatusBoard {
     started: Instant,
     /// The model file's SHA-256, hashed in the background after start (empty until then).
     sha256: Arc<OnceLock<String>>,
+    /// The serial ports (Modbus ones included).
+    pub ports: Vec<Arc<PortStats>>,
 }
 
 impl StatusBoard {
@@ -92,6 +99,7 @@ impl StatusBoard {
             board,
             started,
             sha256,
+            ports: Vec::new(),
         }
     }
 
@@ -103,7 +111,7 @@ impl StatusBoard {
     }
 
     /// What the status shows besides the uptime: when it changes, the status is republished.
-    pub fn key(&self, h: &Handle) -> (bool, usize, [u64; 5], bool) {
+    pub fn key(&self, h: &Handle) -> Key {
         let c = h.counters();
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         (
@@ -117,6 +125,7 @@ impl StatusBoard {
                 n(&c.busy),
             ],
             self.sha256.get().is_some(),
+            self.ports.iter().map(|p| p.state()).collect(),
         )
     }
 
@@ -146,6 +155,7 @@ impl StatusBoard {
                 "busy": n(&c.busy),
             },
             "last_decode_tps": (c.last_tps() * 10.0).round() / 10.0,
+            "serial": self.ports.iter().map(|p| p.json()).collect::<Vec<_>>(),
         })
         .to_string()
         .into_bytes()

@@ -11,3 +11,6 @@ pub mod console;
 pub mod core;
 pub mod frame;
 pub mod stats;
+pub mod line;
+pub mod port;
+pub mod driver;

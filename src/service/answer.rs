@@ -58,6 +58,21 @@ impl Worker {
             if let Event::Done(d) = &ev {
                 c.last_tps
                     .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
+                // One line per answer: what a field log needs to tell a slow engine from a
+                // slow link (bench/serial.py reads it).
+                let t = &d.timings;
+                tracing::info!(
+                    request = req.id,
+                    source = req.source,
+                    finish = ?d.finish_reason,
+                    prompt_tokens = d.usage.prompt_tokens,
+                    restored_tokens = d.usage.restored_tokens,
+                    completion_tokens = d.usage.completion_tokens,
+                    queue_ms = format!("{:.2}", t.queue_ms),
+                    ttft_ms = format!("{:.2}", t.ttft_ms),
+                    decode_tps = format!("{:.1}", t.decode_tps),
+                    "answered"
+                );
             }
             sink.send(ev);
             self.shared.busy.store(false, Ordering::Relaxed);
@@ -126,6 +141,9 @@ impl Worker {
         cancel: &AtomicBool,
         started: Instant,
     ) -> Result<Done, ServiceError> {
+        if matches!(req.prompt, super::Prompt::Forget) {
+            return self.forget(req);
+        }
         if let Err(e) = req.sampling.validate() {
             return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
         }
@@ -235,6 +253,32 @@ impl Worker {
         Ok(done(
             req, built, text, finish, out, recomputed, before_gen, report,
         ))
+    }
+}
+
+impl Worker {
+    /// [`Prompt::Forget`](super::Prompt::Forget): deletes the named session.
+    fn forget(&mut self, req: &Request) -> Result<Done, ServiceError> {
+        let (Store::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
+            return Err(match req.session {
+                None => ServiceError::new(ErrorCode::BadRequest, "a reset names no session"),
+                Some(_) => no_sessions(),
+            });
+        };
+        store.delete(id)?;
+        tracing::info!(request = req.id, session = %id, "session forgotten");
+        Ok(Done {
+            id: req.id.clone(),
+            text: String::new(),
+            finish_reason: FinishReason::Eog,
+            usage: Usage::default(),
+            timings: Timings::default(),
+            prompt_ids: Vec::new(),
+            generated_ids: Vec::new(),
+            top_logits: Vec::new(),
+            truncated_tokens: 0,
+            session: None,
+        })
     }
 }
 

@@ -71,6 +71,10 @@ pub enum Prompt {
     /// A conversation, rendered with the model's chat template; the messages' contents are
     /// user text and never become control tokens.
     Chat(Vec<ChatMessage>),
+    /// No text: forgets the request's named session (its cached positions and its file) and
+    /// answers an empty `Done`. Queued like any request, so it never races a turn of the
+    /// session it deletes.
+    Forget,
 }
 
 impl Request {

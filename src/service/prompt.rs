@@ -22,6 +22,7 @@ pub fn text_bytes(req: &Request) -> usize {
     let body = match &req.prompt {
         Prompt::Text { text, .. } => text.len(),
         Prompt::Chat(msgs) => msgs.iter().map(|m| m.content.len() + m.role.len()).sum(),
+        Prompt::Forget => 0,
     };
     body + req.system.as_ref().map_or(0, |s| s.len())
 }
@@ -54,6 +55,12 @@ pub fn build(
                 return Err(empty());
             }
             (tok.encode(text, true, *special), None)
+        }
+        Prompt::Forget => {
+            return Err(ServiceError::new(
+                ErrorCode::BadRequest,
+                "a session reset has no prompt to build",
+            ));
         }
         Prompt::Chat(messages) => {
             if messages.is_empty() || messages.iter().all(|m| m.content.is_empty()) {

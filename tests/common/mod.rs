@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mqtt;
+pub mod serial;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

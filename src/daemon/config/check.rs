@@ -197,6 +197,16 @@ fn validate_serial(i: usize, s: &SerialConfig) -> Result<(), Bad> {
         return Err(bad(key("path"), "is empty"));
     }
     in_range(&key("baud"), s.baud, 1200..=921_600)?;
+    if crate::serial::port::baud_rate(s.baud).is_none() {
+        return Err(bad(
+            key("baud"),
+            format!(
+                "{}: not a rate a tty can be set to (1200, 2400, 4800, 9600, 19200, 38400, \
+                 57600, 115200, 230400, 460800, 921600, …)",
+                s.baud
+            ),
+        ));
+    }
     in_range(&key("data_bits"), s.data_bits, 5..=8)?;
     in_range(&key("stop_bits"), s.stop_bits, 1..=2)?;
     in_range(&key("unit_id"), s.unit_id, 1..=247)?;

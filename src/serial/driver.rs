@@ -1,0 +1,248 @@
+//! The thin tokio loop of one port: open it, feed its bytes to the protocol core and the
+//! service's events back, write what the core says, and open it again when it goes away.
+//!
+//! The port's request keeps running while the port is gone (an adapter unplugged for a
+//! second): its events wait in the channel and are written once the port is back. The
+//! worker hands events over without ever waiting (an unbounded channel, bounded in practice
+//! by the request's tokens), so a slow or stalled line never holds up the engine.
+
+use super::core::{Core, Env, StatusView};
+use super::port::{Port, Settings};
+use super::stats::{Count, PortState, PortStats};
+use crate::service::worker::Sink;
+use crate::service::{Event, Handle, Request, ServiceError, Ticket};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// What a port's loop needs from the daemon.
+#[derive(Clone)]
+pub struct Context {
+    pub handle: Handle,
+    pub model: String,
+    pub started: Instant,
+    /// Fresh request ids.
+    pub ids: Arc<dyn Fn() -> String + Send + Sync>,
+    /// The state directory's session names.
+    pub sessions: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+    /// The daemon's last log lines.
+    pub log_tail: Arc<dyn Fn(usize) -> Vec<String> + Send + Sync>,
+    /// Called when the port's state changes (the daemon republishes its status).
+    pub changed: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// One port to serve.
+pub struct Spec {
+    pub path: PathBuf,
+    pub settings: Settings,
+}
+
+/// Reopen delays: 250 ms doubling to 5 s, back to 250 ms once open.
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Serves `spec` with `core` until `stop` turns true.
+pub async fn run(
+    spec: Spec,
+    mut core: Box<dyn Core>,
+    ctx: Context,
+    stats: Arc<PortStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut env = PortEnv {
+        out: Vec::new(),
+        source: format!("serial:{}", spec.path.display()),
+        ctx,
+        tx,
+        ticket: None,
+        stats: Arc::clone(&stats),
+    };
+    let path = spec.path.display().to_string();
+    let mut backoff = BACKOFF_MIN;
+    let (mut opened_before, mut rs485_told, mut last_error) = (false, false, String::new());
+    while !*stop.borrow() {
+        let port = match Port::open(&spec.path, &spec.settings) {
+            Ok(p) => p,
+            Err(e) => {
+                let why = e.to_string();
+                // Once per distinct reason: a port that stays away does not flood the log.
+                if why != last_error {
+                    tracing::warn!(port = path, "serial port not available, retrying: {why}");
+                    last_error.clone_from(&why);
+                }
+                stats.set_state(PortState::Reopening, Some(why));
+                (env.ctx.changed)();
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => {}
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        if let Some(note) = &port.rs485_note
+            && !rs485_told
+        {
+            tracing::warn!(port = path, "{note}");
+            rs485_told = true;
+        }
+        if opened_before {
+            stats.counters.reopens.fetch_add(1, Ordering::Relaxed);
+            core.on_reopen(&mut env);
+        }
+        opened_before = true;
+        last_error.clear();
+        backoff = BACKOFF_MIN;
+        stats.set_state(PortState::Open, None);
+        (env.ctx.changed)();
+        tracing::info!(port = path, mode = stats.mode, baud = spec.settings.baud, "serial port open");
+        let Some(why) = serve(&port, core.as_mut(), &mut env, &mut rx, &mut stop).await else {
+            break;
+        };
+        tracing::warn!(port = path, "serial port lost, reopening: {why}");
+        stats.set_state(PortState::Reopening, Some(why));
+        (env.ctx.changed)();
+    }
+    // Stopping: the service's shutdown finishes or cancels the running answer.
+    tracing::debug!(port = path, "serial port closed");
+}
+
+/// Runs the port until it goes away (`Some(why)`) or the daemon stops (`None`).
+async fn serve(
+    port: &Port,
+    core: &mut dyn Core,
+    env: &mut PortEnv,
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<String> {
+    let mut buf = [0u8; 1024];
+    loop {
+        // What the last step produced: written before anything else is read.
+        if !env.out.is_empty() {
+            if let Err(e) = port.write_all(&env.out).await {
+                return Some(format!("write: {e}"));
+            }
+            let n = env.out.len() as u64;
+            env.stats.counters.tx_bytes.fetch_add(n, Ordering::Relaxed);
+            env.out.clear();
+        }
+        let tick = core.deadline();
+        tokio::select! {
+            r = port.read(&mut buf) => match r {
+                Ok(0) => return Some("the other end closed the line".into()),
+                Ok(n) => {
+                    env.stats.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    core.on_bytes(&buf[..n], env);
+                }
+                Err(e) => return Some(format!("read: {e}")),
+            },
+            Some(ev) = rx.recv() => {
+                if matches!(ev, Event::Done(_) | Event::Error(_)) {
+                    env.ticket = None;
+                }
+                core.on_event(ev, env);
+            }
+            _ = sleep_until(tick), if tick.is_some() => core.on_tick(env),
+            _ = stop.changed() => return None,
+        }
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+/// Hands a request's events to its port's loop; never blocks the worker.
+struct ToPort(mpsc::UnboundedSender<Event>);
+
+impl Sink for ToPort {
+    fn send(&mut self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
+}
+
+struct PortEnv {
+    out: Vec<u8>,
+    source: String,
+    ctx: Context,
+    tx: mpsc::UnboundedSender<Event>,
+    /// The port's request in the service.
+    ticket: Option<Ticket>,
+    stats: Arc<PortStats>,
+}
+
+impl Env for PortEnv {
+    fn write(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
+    fn submit(&mut self, req: Request) -> Result<(), ServiceError> {
+        let t = self
+            .ctx
+            .handle
+            .submit(req, Box::new(ToPort(self.tx.clone())))?;
+        self.ticket = Some(t);
+        Ok(())
+    }
+
+    fn cancel(&mut self) {
+        // The ticket's flag only: `Handle::cancel` may run the sink on this (runtime) thread.
+        if let Some(t) = &self.ticket {
+            t.cancel();
+        }
+    }
+
+    fn new_id(&mut self) -> String {
+        (self.ctx.ids)()
+    }
+
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn status(&self) -> StatusView {
+        let h = &self.ctx.handle;
+        let c = h.counters();
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let p = &self.stats.counters;
+        let running = h.running().is_some();
+        StatusView {
+            state: if running || h.queue_len() > 0 {
+                "busy"
+            } else {
+                "online"
+            },
+            model: self.ctx.model.clone(),
+            queue: h.queue_len(),
+            running,
+            answered: n(&c.answered),
+            failed: n(&c.failed),
+            busy: n(&c.busy),
+            uptime_s: self.ctx.started.elapsed().as_secs(),
+            port_requests: n(&p.requests),
+            port_bad_input: n(&p.bad_input),
+            port_checksum_errors: n(&p.checksum_errors),
+        }
+    }
+
+    fn sessions(&self) -> Vec<String> {
+        (self.ctx.sessions)()
+    }
+
+    fn log_tail(&self, lines: usize) -> Vec<String> {
+        (self.ctx.log_tail)(lines)
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn count(&mut self, c: Count) {
+        self.stats.bump(c);
+    }
+}

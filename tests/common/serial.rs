@@ -1,0 +1,109 @@
+//! Real ttys for the serial tests: a pseudo-terminal pair whose slave path the daemon opens as
+//! its port, and whose master the test reads and writes as the PLC would its UART.
+#![allow(dead_code)]
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// The PLC's end of a pty pair; the daemon opens `path`.
+pub struct Pty {
+    master: std::fs::File,
+    /// Held open so that the slave stays usable when the daemon closes and reopens it.
+    _slave: OwnedFd,
+    pub path: String,
+    /// Bytes read but not yet returned by `line`.
+    pending: Vec<u8>,
+}
+
+impl Pty {
+    pub fn open() -> Pty {
+        let p = nix::pty::openpty(None, None).unwrap();
+        let path = nix::unistd::ttyname(p.slave.as_fd())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        // Raw at once: until the daemon sets the line, the slave would echo what we write.
+        let mut t = nix::sys::termios::tcgetattr(p.slave.as_fd()).unwrap();
+        nix::sys::termios::cfmakeraw(&mut t);
+        nix::sys::termios::tcsetattr(p.slave.as_fd(), nix::sys::termios::SetArg::TCSANOW, &t)
+            .unwrap();
+        Pty {
+            master: std::fs::File::from(p.master),
+            _slave: p.slave,
+            path,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The line settings of the tty now (as the daemon set them).
+    pub fn termios(&self) -> nix::sys::termios::Termios {
+        nix::sys::termios::tcgetattr(self._slave.as_fd()).unwrap()
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).unwrap();
+    }
+
+    /// Reads what comes within `within` (all of it, until nothing more arrives for 200 ms
+    /// after `want` bytes were seen).
+    fn fill(&mut self, within: Duration) -> bool {
+        let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+        let ms = within.as_millis().min(60_000) as u16;
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => {
+                let mut buf = [0u8; 4096];
+                match self.master.read(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        self.pending.extend_from_slice(&buf[..n]);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// The next line the daemon wrote (without its CR LF), or `None` after `within`.
+    pub fn line(&mut self, within: Duration) -> Option<String> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(i) = self.pending.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = self.pending.drain(..i + 2).take(i).collect();
+                return Some(String::from_utf8_lossy(&line).into_owned());
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.fill(left);
+        }
+    }
+
+    /// Sends `cmd` + CR LF and returns the next line of the answer.
+    pub fn ask(&mut self, cmd: &str, within: Duration) -> String {
+        self.send(format!("{cmd}\r\n").as_bytes());
+        self.line(within)
+            .unwrap_or_else(|| panic!("no answer to {cmd:?} within {within:?}"))
+    }
+
+    /// Everything that arrives within `within` (for the bytes of modes without lines).
+    pub fn drain(&mut self, within: Duration) -> Vec<u8> {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            self.fill(Duration::from_millis(50));
+        }
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// A process's resident memory in KiB (`VmRSS`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}

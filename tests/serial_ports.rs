@@ -1,0 +1,197 @@
+//! Serial ports as the daemon lives with them: a port that vanishes and comes back (a `socat`
+//! link, as a USB adapter unplugged), two ports at once, and serial and MQTT requests sharing
+//! the one queue fairly. The port's state is in the retained MQTT status.
+
+mod common;
+
+use common::mqtt::{Daemon, Mosquitto, collect, model_arg, subscribe};
+use common::serial::Pty;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+/// `socat` joining two ptys, each behind a link path: `dev` for the daemon, `plc` for us.
+fn socat(dir: &Path) -> Child {
+    let link = |n: &str| format!("pty,raw,echo=0,link={}", dir.join(n).display());
+    let c = Command::new("socat")
+        .args([link("dev"), link("plc")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("socat (Debian package socat; scripts/setup.sh installs it)");
+    let until = Instant::now() + Duration::from_secs(10);
+    while !(dir.join("dev").exists() && dir.join("plc").exists()) {
+        assert!(Instant::now() < until, "socat made no links");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c
+}
+
+/// A line exchange on the `plc` link (opened for this exchange only).
+fn ask_link(dir: &Path, cmd: &str) -> String {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join("plc"))
+        .unwrap();
+    f.write_all(format!("{cmd}\r\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(f).read_line(&mut line).unwrap();
+    line.trim_end().to_owned()
+}
+
+/// The retained status's first serial port.
+fn port_status(broker: u16, device: &str) -> serde_json::Value {
+    let sub = subscribe(broker, &format!("edgellm/{device}/status"), 1, 10);
+    let got = collect(sub);
+    let v: serde_json::Value = serde_json::from_str(&got[0].1).unwrap();
+    v["serial"][0].clone()
+}
+
+#[test]
+fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut link = socat(dir.path());
+    let m = model_arg(&common::model_path("q4_0"));
+    let dev = format!("{}:9600:line", dir.path().join("dev").display());
+    let b = format!("127.0.0.1:{}", broker.port);
+    let mut d = Daemon::start(
+        &["-m", &m, "--mqtt", &b, "--device", "sp1", "--serial", &dev, "-c", "256"],
+        &[("EDGELLM_LOG", "info")],
+    );
+    d.wait_log(T, |l| l.contains("serial port open"));
+    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    let s = port_status(broker.port, "sp1");
+    assert_eq!(s["state"], "open", "{s}");
+    assert_eq!(s["mode"], "line");
+
+    // The other end goes away: the daemon sees the hang-up, says so, and keeps trying.
+    let _ = link.kill();
+    let _ = link.wait();
+    let log = d.wait_log(T, |l| l.contains("serial port lost"));
+    assert!(log.contains("serial port lost, reopening"), "{log}");
+    let until = Instant::now() + T;
+    let s = loop {
+        let s = port_status(broker.port, "sp1");
+        if s["state"] == "reopening" || Instant::now() > until {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(s["state"], "reopening", "{s}");
+    assert!(s["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{s}");
+
+    // It comes back under the same path: reopened, and it answers.
+    let mut link = socat(dir.path());
+    let log = d.wait_log(T, |l| l.matches("serial port open").count() >= 2);
+    assert_eq!(log.matches("serial port open").count(), 2, "{log}");
+    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    let s = port_status(broker.port, "sp1");
+    assert_eq!((s["state"].as_str(), s["reopens"].as_u64()), (Some("open"), Some(1)), "{s}");
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    let _ = link.kill();
+    let _ = link.wait();
+}
+
+#[test]
+fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
+    let broker = Mosquitto::start();
+    let (mut a, mut b) = (Pty::open(), Pty::open());
+    let m = model_arg(&common::model_path("q4_0"));
+    let pa = format!("{}:115200:line", a.path);
+    let pb = format!("{}:115200:line", b.path);
+    let url = format!("127.0.0.1:{}", broker.port);
+    let mut d = Daemon::start(
+        &[
+            "-m", &m, "--mqtt", &url, "--device", "fair", "--serial", &pa, "--serial", &pb,
+            "-c", "256", "-t", "2",
+        ],
+        &[("EDGELLM_LOG", "info")],
+    );
+    d.wait_log(T, |l| l.matches("serial port open").count() >= 2);
+    assert_eq!(a.ask("PING", T), "OK PONG");
+    assert_eq!(b.ask("PING", T), "OK PONG");
+    assert_eq!(a.ask("SET max_tokens=16", T), "OK max_tokens=16");
+    assert_eq!(b.ask("SET max_tokens=16", T), "OK max_tokens=16");
+
+    // One MQTT client queues six requests at once; then each port asks one question.
+    let mut load = Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args([
+            "ask", "--broker", &url, "--device", "fair", "--timeout", "120", "--repeat", "6",
+            "--concurrency", "6", "--json", "-n", "16", "Name a colour.",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the queue holds the load (the status counts what was accepted).
+    let until = Instant::now() + T;
+    loop {
+        let sub = subscribe(broker.port, "edgellm/fair/status", 1, 5);
+        let v: serde_json::Value = collect(sub)
+            .first()
+            .and_then(|(_, p)| serde_json::from_str(p).ok())
+            .unwrap_or_default();
+        if v["queue_depth"].as_u64().unwrap_or(0) >= 3 || Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.send(b"GEN Red is\r\n");
+    b.send(b"GEN Blue is\r\n");
+    let ra = a.line(T).expect("port a's answer");
+    let rb = b.line(T).expect("port b's answer");
+    assert!(ra.starts_with("OK ") && rb.starts_with("OK "), "{ra} / {rb}");
+    // Fair: each port was served before the MQTT client's six were all answered.
+    assert!(
+        load.try_wait().unwrap().is_none(),
+        "the serial requests waited behind the whole MQTT load"
+    );
+    let out = load.wait_with_output().unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["ok"], 6, "{s}");
+    d.terminate(Duration::from_secs(20));
+}
+
+#[test]
+fn rs485_mode_on_a_pty_is_reported_once_and_the_port_still_serves() {
+    let mut p = Pty::open();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[mqtt]\nbroker = \"off\"\n[[serial]]\npath = \"{}\"\nbaud = 19200\nparity = \"even\"\n\
+             stop_bits = 2\nrs485 = true\n",
+            p.path
+        ),
+    )
+    .unwrap();
+    let m = model_arg(&common::model_path("q4_0"));
+    let c = conf.to_str().unwrap();
+    let mut d = Daemon::start(&["--config", c, "-m", &m, "-c", "256"], &[("EDGELLM_LOG", "info")]);
+    d.wait_log(T, |l| l.contains("serial port open"));
+    assert_eq!(p.ask("PING", T), "OK PONG");
+    // The line as configured: 19200 baud, 8 data bits, 2 stop bits, raw. (Linux's pty
+    // driver clears PARENB and forces CS8 whatever is asked, so parity shows only on a UART.)
+    use nix::sys::termios::{BaudRate, ControlFlags as C, LocalFlags as L, cfgetospeed};
+    let t = p.termios();
+    assert_eq!(cfgetospeed(&t), BaudRate::B19200);
+    let c = t.control_flags;
+    assert!(c.contains(C::CS8 | C::CSTOPB | C::CLOCAL | C::CREAD), "{c:?}");
+    assert!(!c.contains(C::CRTSCTS), "{c:?}");
+    assert!(!t.local_flags.intersects(L::ECHO | L::ICANON), "raw mode");
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("RS-485 direction control is not available on this port").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("ENOTTY"), "the reason is named: {log}");
+    d.terminate(Duration::from_secs(20));
+}
