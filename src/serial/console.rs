@@ -19,6 +19,7 @@ use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
 use crate::service::{Event, FinishReason, Prompt, Request};
 use crate::tokenizer::ChatMessage;
+use std::time::Duration;
 
 /// The largest configurable line, in bytes.
 pub const MAX_LINE: usize = 1024;
@@ -64,9 +65,32 @@ struct Running {
     at_line_start: bool,
 }
 
+/// How a console port behaves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsoleConfig {
+    /// Longest line in bytes, 1 to [`MAX_LINE`].
+    pub max_line: usize,
+    /// Tokens of an answer.
+    pub max_tokens: usize,
+    /// Per-request deadline.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            max_line: 256,
+            max_tokens: 256,
+            timeout: None,
+        }
+    }
+}
+
 /// The console mode of one port.
 pub struct ConsoleCore {
     max_line: usize,
+    max_tokens: usize,
+    timeout: Option<Duration>,
     line: heapless::String<MAX_LINE>,
     /// A UTF-8 sequence being typed, and its length.
     utf8: heapless::Vec<u8, 4>,
@@ -80,13 +104,14 @@ pub struct ConsoleCore {
 }
 
 impl ConsoleCore {
-    /// `max_line`: the longest line in bytes, 1 to [`MAX_LINE`].
-    pub fn new(max_line: usize) -> Result<ConsoleCore, ConsoleError> {
-        if !(1..=MAX_LINE).contains(&max_line) {
-            return Err(ConsoleError::LineBound { got: max_line });
+    pub fn new(cfg: ConsoleConfig) -> Result<ConsoleCore, ConsoleError> {
+        if !(1..=MAX_LINE).contains(&cfg.max_line) {
+            return Err(ConsoleError::LineBound { got: cfg.max_line });
         }
         Ok(ConsoleCore {
-            max_line,
+            max_line: cfg.max_line,
+            max_tokens: cfg.max_tokens.max(1),
+            timeout: cfg.timeout,
             line: heapless::String::new(),
             utf8: heapless::Vec::new(),
             utf8_len: 0,
@@ -289,7 +314,9 @@ impl ConsoleCore {
 
     fn chat(&mut self, text: String, env: &mut dyn Env) {
         let prompt = Prompt::Chat(vec![ChatMessage::new("user", text)]);
-        let req = Request::new(env.new_id(), env.source(), prompt);
+        let mut req = Request::new(env.new_id(), env.source(), prompt);
+        req.max_tokens = self.max_tokens;
+        req.deadline = self.timeout.map(|t| env.now() + t);
         match env.submit(req) {
             Ok(()) => {
                 env.count(Count::Requests);

@@ -5,7 +5,19 @@ use crate::serial::core::MemEnv;
 use crate::service::{Chunk, Done, ErrorCode, ServiceError, Timings, Usage};
 
 fn console() -> ConsoleCore {
-    ConsoleCore::new(32).unwrap()
+    ConsoleCore::new(ConsoleConfig {
+        max_line: 32,
+        max_tokens: 77,
+        timeout: Some(std::time::Duration::from_secs(9)),
+    })
+    .unwrap()
+}
+
+fn bound(max_line: usize) -> Result<ConsoleCore, ConsoleError> {
+    ConsoleCore::new(ConsoleConfig {
+        max_line,
+        ..ConsoleConfig::default()
+    })
 }
 
 fn typed(c: &mut ConsoleCore, e: &mut MemEnv, s: &[u8]) -> String {
@@ -56,6 +68,8 @@ fn typed_characters_are_echoed_and_enter_submits_a_chat_message() {
     assert_eq!(typed(&mut c, &mut e, b"\r"), "\r\n");
     assert_eq!(content(&e, 0), "Hi there");
     assert_eq!(e.counts, [Count::Requests]);
+    assert_eq!(e.submitted[0].max_tokens, 77);
+    assert!(e.submitted[0].deadline.is_some());
 }
 
 #[test]
@@ -339,10 +353,7 @@ fn a_megabyte_of_random_bytes_leaves_the_line_bounded_and_the_console_working() 
 
 #[test]
 fn a_line_bound_outside_the_range_is_refused() {
-    assert_eq!(
-        ConsoleCore::new(0).err(),
-        Some(ConsoleError::LineBound { got: 0 })
-    );
-    assert!(ConsoleCore::new(MAX_LINE + 1).is_err());
-    assert!(ConsoleCore::new(MAX_LINE).is_ok());
+    assert_eq!(bound(0).err(), Some(ConsoleError::LineBound { got: 0 }));
+    assert!(bound(MAX_LINE + 1).is_err());
+    assert!(bound(MAX_LINE).is_ok());
 }

@@ -9,8 +9,8 @@
 
 pub mod console;
 pub mod core;
+pub mod driver;
 pub mod frame;
-pub mod stats;
 pub mod line;
 pub mod port;
-pub mod driver;
+pub mod stats;

@@ -202,10 +202,18 @@ impl FrameCore {
                 } else {
                     Prompt::Chat(vec![ChatMessage::new("user", text)])
                 };
+                let max_tokens = match max_tokens as usize {
+                    0 => self.cfg.default_tokens.min(self.cfg.max_tokens).max(1),
+                    n if n > self.cfg.max_tokens => {
+                        env.count(Count::BadInput);
+                        let why = format!("max_tokens is at most {}", self.cfg.max_tokens);
+                        return refuse(env, seq, ErrorCode::TooLarge, &why);
+                    }
+                    n => n,
+                };
                 let mut req = Request::new(env.new_id(), env.source(), prompt);
-                if max_tokens > 0 {
-                    req.max_tokens = max_tokens as usize;
-                }
+                req.max_tokens = max_tokens;
+                req.deadline = self.cfg.timeout.map(|t| env.now() + t);
                 req
             }
             Err(why) => {

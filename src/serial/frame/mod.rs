@@ -88,6 +88,13 @@ pub struct FrameConfig {
     /// corrupted, or the master stopped mid-frame) and the bytes after its start are searched
     /// again.
     pub gap: Duration,
+    /// Most tokens a REQUEST may ask for (the daemon's `limits.max_tokens`); more is refused
+    /// `too_large`.
+    pub max_tokens: usize,
+    /// Tokens of an answer whose REQUEST asks for 0.
+    pub default_tokens: usize,
+    /// Per-request deadline.
+    pub timeout: Option<Duration>,
 }
 
 impl Default for FrameConfig {
@@ -97,6 +104,9 @@ impl Default for FrameConfig {
             ack_timeout: Duration::from_millis(300),
             retries: 3,
             gap: Duration::from_millis(500),
+            max_tokens: 4096,
+            default_tokens: 128,
+            timeout: None,
         }
     }
 }

@@ -153,6 +153,7 @@ fn request_is_acknowledged_and_submitted_as_a_chat_message() {
     let r = &e.submitted[0];
     assert_eq!(r.source, "serial:test");
     assert_eq!(r.max_tokens, 128, "0 means the default");
+    assert_eq!(r.deadline, None);
     match &r.prompt {
         Prompt::Chat(m) => {
             assert_eq!(
@@ -673,4 +674,29 @@ fn the_worked_example_of_the_docs_is_what_the_core_reads_and_writes() {
     // The NAK of the docs: the same REQUEST with a damaged byte.
     c.on_bytes(&hex("A5 05 00 01 01 00 10 00 48 6A BA 3A"), &mut e);
     assert_eq!(e.out, hex("A5 01 00 01 82 01 D5 8E"));
+}
+
+#[test]
+fn max_tokens_over_the_limit_is_refused_too_large_and_the_timeout_becomes_a_deadline() {
+    let mut c = FrameCore::new(FrameConfig {
+        max_payload: 64,
+        max_tokens: 100,
+        default_tokens: 32,
+        timeout: Some(Duration::from_secs(5)),
+        ..FrameConfig::default()
+    })
+    .unwrap();
+    let mut e = env();
+    c.on_bytes(&frame(1, kind::REQUEST, b"\x00\x65\x00hi"), &mut e);
+    let f = frames(&mut e);
+    let (index, code, message) = error_of(&f[0]);
+    assert_eq!((index, code), (REFUSAL_INDEX, 2));
+    assert!(message.contains("100"), "{message}");
+    assert!(e.submitted.is_empty());
+    c.on_bytes(&request(2, "hi"), &mut e);
+    assert_eq!(e.submitted[0].max_tokens, 32);
+    assert_eq!(
+        e.submitted[0].deadline,
+        Some(e.clock.unwrap() + Duration::from_secs(5))
+    );
 }
