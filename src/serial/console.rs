@@ -132,7 +132,8 @@ impl ConsoleCore {
         self.line.capacity()
     }
 
-    /// Writes a fresh prompt: the driver calls it when the port opens.
+    /// Writes a fresh prompt (what [`Core::on_reopen`] does; the driver does not call it at
+    /// the first open, so the technician presses Enter to see the prompt).
     pub fn greet(&mut self, env: &mut dyn Env) {
         env.write(b"\r\n");
         env.write(PROMPT.as_bytes());
