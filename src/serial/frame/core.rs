@@ -179,6 +179,11 @@ impl FrameCore {
             _ => self.cache.iter().find(|a| same(a)).map(|a| a.id),
         };
         if let Some(id) = repeat {
+            // An older answer while another request runs: sending it would stop the running
+            // answer's frames, so it waits like any other request.
+            if self.live.as_ref().is_some_and(|a| a.id != id) {
+                return refuse(env, seq, ErrorCode::Busy, "a request is being answered");
+            }
             env.count(Count::Duplicate);
             send(env, seq, kind::R_ACK, &[]);
             let running_and_sending = self.live.as_ref().is_some_and(|a| a.id == id)

@@ -352,3 +352,22 @@ fn max_tokens_over_the_limit_is_refused_too_large_and_the_timeout_becomes_a_dead
         Some(e.clock.unwrap() + Duration::from_secs(5))
     );
 }
+
+#[test]
+fn a_repeat_of_an_older_request_while_another_runs_is_refused_busy() {
+    let (mut c, mut e) = (core(), env());
+    answered(&mut c, &mut e, 1, "first");
+    c.on_bytes(&request(2, "second"), &mut e);
+    c.on_event(text("Sec"), &mut e);
+    frames(&mut e);
+    c.on_bytes(&request(1, "first"), &mut e);
+    let f = frames(&mut e);
+    assert_eq!(
+        error_of(&f[0]).1,
+        super::super::core::code_byte(ErrorCode::Busy)
+    );
+    // The running answer's frame is still the one waiting for its ACK.
+    c.on_bytes(&ack(2, 0), &mut e);
+    c.on_event(text("ond"), &mut e);
+    assert_eq!(frames(&mut e), [data(2, 1, "ond")]);
+}
