@@ -726,7 +726,10 @@ fn a_serial_flag_is_read_from_the_right_so_paths_keep_their_colons() {
     assert_eq!((p.baud, p.mode), (19200, SerialMode::Console));
     let by_path = "/dev/serial/by-path/platform-xhci-usb-0:1.3:1.0-port0";
     let p = parse_serial(&format!("{by_path}:frame")).unwrap();
-    assert_eq!((p.path.to_str(), p.mode), (Some(by_path), SerialMode::Frame));
+    assert_eq!(
+        (p.path.to_str(), p.mode),
+        (Some(by_path), SerialMode::Frame)
+    );
     assert!(parse_serial("").is_err());
     assert!(parse_serial(":modbus").is_err());
 }

@@ -16,7 +16,10 @@ fn model() -> String {
 /// The daemon serving `ptys` in line mode with MQTT off, once every port is open.
 fn daemon(ptys: &[&Pty], extra: &[&str]) -> Daemon {
     let m = model();
-    let specs: Vec<String> = ptys.iter().map(|p| format!("{}:115200:line", p.path)).collect();
+    let specs: Vec<String> = ptys
+        .iter()
+        .map(|p| format!("{}:115200:line", p.path))
+        .collect();
     let mut args = vec!["-m", &m, "--mqtt", "off", "-c", "256", "-t", "2"];
     for s in &specs {
         args.extend(["--serial", s]);
@@ -33,9 +36,22 @@ fn daemon(ptys: &[&Pty], extra: &[&str]) -> Daemon {
 
 fn run_text(prompt: &str, n: usize) -> String {
     let out = common::mqtt::edgellm(&[
-        "run", "-m", &model(), "--prompt", prompt, "-n", &n.to_string(), "-c", "256", "--json",
+        "run",
+        "-m",
+        &model(),
+        "--prompt",
+        prompt,
+        "-n",
+        &n.to_string(),
+        "-c",
+        "256",
+        "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["text"].as_str().unwrap().to_owned()
 }
@@ -72,7 +88,10 @@ fn every_command_and_error_of_the_line_mode_on_a_pty() {
     assert_eq!(p.ask("PING", T), "OK PONG");
     assert!(p.ask("HELP", T).starts_with("OK PING | GEN"));
     let s = p.ask("STATUS", T);
-    assert!(s.starts_with("OK state=online model=") && s.contains(" this_port=idle"), "{s}");
+    assert!(
+        s.starts_with("OK state=online model=") && s.contains(" this_port=idle"),
+        "{s}"
+    );
 
     // GEN, sent one byte at a time, answers what `edgellm run` answers for the raw prompt.
     assert_eq!(p.ask("SET max_tokens=12", T), "OK max_tokens=12");
@@ -120,18 +139,31 @@ fn every_command_and_error_of_the_line_mode_on_a_pty() {
     // Errors: unknown command, invalid UTF-8, wrong and right checksums.
     assert!(p.ask("FLY", T).starts_with("ERR unknown_command FLY"));
     p.send(b"GEN \xc3\x28\r\n");
-    assert_eq!(p.line(T).unwrap(), "ERR bad_utf8 the line is not valid UTF-8");
-    assert!(p.ask("PING*00", T).starts_with("ERR checksum line checksum is 00"));
+    assert_eq!(
+        p.line(T).unwrap(),
+        "ERR bad_utf8 the line is not valid UTF-8"
+    );
+    assert!(
+        p.ask("PING*00", T)
+            .starts_with("ERR checksum line checksum is 00")
+    );
     let x = b"PING".iter().fold(0u8, |a, b| a ^ b);
     let want = format!("OK PONG*{:02X}", b"OK PONG".iter().fold(0u8, |a, b| a ^ b));
     assert_eq!(p.ask(&format!("PING*{x:02X}"), T), want);
     let s = p.ask("STATUS", T);
-    assert!(s.contains(" port_bad_input=2 port_checksum_errors=1 "), "{s}");
+    assert!(
+        s.contains(" port_bad_input=2 port_checksum_errors=1 "),
+        "{s}"
+    );
 
     // A line over the limit (16 KiB of prompt + 96) is refused once, whole; then all is well.
     let long = format!("GEN {}\r\n", "x".repeat(20_000));
     p.send(long.as_bytes());
-    assert!(p.line(T).unwrap().starts_with("ERR too_long line longer than"));
+    assert!(
+        p.line(T)
+            .unwrap()
+            .starts_with("ERR too_long line longer than")
+    );
     assert_eq!(p.ask("PING", T), "OK PONG");
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));

@@ -60,7 +60,9 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     let dev = format!("{}:9600:line", dir.path().join("dev").display());
     let b = format!("127.0.0.1:{}", broker.port);
     let mut d = Daemon::start(
-        &["-m", &m, "--mqtt", &b, "--device", "sp1", "--serial", &dev, "-c", "256"],
+        &[
+            "-m", &m, "--mqtt", &b, "--device", "sp1", "--serial", &dev, "-c", "256",
+        ],
         &[("EDGELLM_LOG", "info")],
     );
     d.wait_log(T, |l| l.contains("serial port open"));
@@ -83,7 +85,10 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(s["state"], "reopening", "{s}");
-    assert!(s["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{s}");
+    assert!(
+        s["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{s}"
+    );
 
     // It comes back under the same path: reopened, and it answers.
     let mut link = socat(dir.path());
@@ -91,7 +96,11 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     assert_eq!(log.matches("serial port open").count(), 2, "{log}");
     assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
-    assert_eq!((s["state"].as_str(), s["reopens"].as_u64()), (Some("open"), Some(1)), "{s}");
+    assert_eq!(
+        (s["state"].as_str(), s["reopens"].as_u64()),
+        (Some("open"), Some(1)),
+        "{s}"
+    );
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
     let _ = link.kill();
@@ -108,8 +117,8 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     let url = format!("127.0.0.1:{}", broker.port);
     let mut d = Daemon::start(
         &[
-            "-m", &m, "--mqtt", &url, "--device", "fair", "--serial", &pa, "--serial", &pb,
-            "-c", "256", "-t", "2",
+            "-m", &m, "--mqtt", &url, "--device", "fair", "--serial", &pa, "--serial", &pb, "-c",
+            "256", "-t", "2",
         ],
         &[("EDGELLM_LOG", "info")],
     );
@@ -122,8 +131,21 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     // One MQTT client queues six requests at once; then each port asks one question.
     let mut load = Command::new(env!("CARGO_BIN_EXE_edgellm"))
         .args([
-            "ask", "--broker", &url, "--device", "fair", "--timeout", "120", "--repeat", "6",
-            "--concurrency", "6", "--json", "-n", "16", "Name a colour.",
+            "ask",
+            "--broker",
+            &url,
+            "--device",
+            "fair",
+            "--timeout",
+            "120",
+            "--repeat",
+            "6",
+            "--concurrency",
+            "6",
+            "--json",
+            "-n",
+            "16",
+            "Name a colour.",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -146,7 +168,10 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     b.send(b"GEN Blue is\r\n");
     let ra = a.line(T).expect("port a's answer");
     let rb = b.line(T).expect("port b's answer");
-    assert!(ra.starts_with("OK ") && rb.starts_with("OK "), "{ra} / {rb}");
+    assert!(
+        ra.starts_with("OK ") && rb.starts_with("OK "),
+        "{ra} / {rb}"
+    );
     // Fair: each port was served before the MQTT client's six were all answered.
     assert!(
         load.try_wait().unwrap().is_none(),
@@ -174,7 +199,10 @@ fn rs485_mode_on_a_pty_is_reported_once_and_the_port_still_serves() {
     .unwrap();
     let m = model_arg(&common::model_path("q4_0"));
     let c = conf.to_str().unwrap();
-    let mut d = Daemon::start(&["--config", c, "-m", &m, "-c", "256"], &[("EDGELLM_LOG", "info")]);
+    let mut d = Daemon::start(
+        &["--config", c, "-m", &m, "-c", "256"],
+        &[("EDGELLM_LOG", "info")],
+    );
     d.wait_log(T, |l| l.contains("serial port open"));
     assert_eq!(p.ask("PING", T), "OK PONG");
     // The line as configured: 19200 baud, 8 data bits, 2 stop bits, raw. (Linux's pty
@@ -183,12 +211,16 @@ fn rs485_mode_on_a_pty_is_reported_once_and_the_port_still_serves() {
     let t = p.termios();
     assert_eq!(cfgetospeed(&t), BaudRate::B19200);
     let c = t.control_flags;
-    assert!(c.contains(C::CS8 | C::CSTOPB | C::CLOCAL | C::CREAD), "{c:?}");
+    assert!(
+        c.contains(C::CS8 | C::CSTOPB | C::CLOCAL | C::CREAD),
+        "{c:?}"
+    );
     assert!(!c.contains(C::CRTSCTS), "{c:?}");
     assert!(!t.local_flags.intersects(L::ECHO | L::ICANON), "raw mode");
     let log = d.log_text();
     assert_eq!(
-        log.matches("RS-485 direction control is not available on this port").count(),
+        log.matches("RS-485 direction control is not available on this port")
+            .count(),
         1,
         "{log}"
     );

@@ -288,7 +288,9 @@ impl Config {
                 .serial
                 .iter()
                 .enumerate()
-                .map(|(i, s)| parse_serial(s).map_err(|r| next.invalid(bad(format!("serial[{i}]"), r))))
+                .map(|(i, s)| {
+                    parse_serial(s).map_err(|r| next.invalid(bad(format!("serial[{i}]"), r)))
+                })
                 .collect::<Result<_, _>>()?;
         }
         next.check()?;
@@ -482,7 +484,9 @@ pub fn parse_serial(arg: &str) -> Result<SerialConfig, String> {
         rest = head;
     }
     if rest.is_empty() {
-        return Err(format!("{arg:?}: give PATH[:BAUD[:MODE]], MODE one of line, frame, modbus, console"));
+        return Err(format!(
+            "{arg:?}: give PATH[:BAUD[:MODE]], MODE one of line, frame, modbus, console"
+        ));
     }
     s.path = PathBuf::from(rest);
     Ok(s)

@@ -9,8 +9,8 @@ pub mod config;
 mod embedded;
 mod hooks;
 pub mod notify;
-pub mod serve;
 mod serial;
+pub mod serve;
 mod status;
 pub mod tls;
 

@@ -3,17 +3,22 @@
 
 use super::config::{Config, Parity, SerialConfig, SerialFlow, SerialMode};
 use super::serve::DaemonError;
+use crate::serial::console::{ConsoleConfig, ConsoleCore};
+use crate::serial::core::Core;
 use crate::serial::driver::{self, Context, Spec};
+use crate::serial::frame::{FrameConfig, FrameCore};
 use crate::serial::line::{LineConfig, LineCore};
 use crate::serial::port::{self, Settings};
 use crate::serial::stats::PortStats;
-use crate::serial::core::Core;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Room on a line beyond the prompt: the command word, `session=<64 bytes>`, a checksum.
 const LINE_OVERHEAD: usize = 96;
+
+/// A technician's console line: a question typed by hand.
+const CONSOLE_LINE: usize = 1024;
 
 /// The line settings of a configured port.
 pub fn settings(s: &SerialConfig) -> Settings {
@@ -55,6 +60,21 @@ fn core_for(cfg: &Config, s: &SerialConfig) -> Result<Box<dyn Core>, DaemonError
             default_tokens: l.max_tokens.min(256),
             timeout: Some(l.request_timeout()),
         }))),
+        SerialMode::Frame => FrameCore::new(FrameConfig {
+            max_tokens: l.max_tokens,
+            default_tokens: l.max_tokens.min(256),
+            timeout: Some(l.request_timeout()),
+            ..FrameConfig::default()
+        })
+        .map(|c| Box::new(c) as Box<dyn Core>)
+        .map_err(|e| DaemonError::Config(format!("{}: {e}", s.path.display()))),
+        SerialMode::Console => ConsoleCore::new(ConsoleConfig {
+            max_line: CONSOLE_LINE,
+            max_tokens: l.max_tokens.min(256),
+            timeout: Some(l.request_timeout()),
+        })
+        .map(|c| Box::new(c) as Box<dyn Core>)
+        .map_err(|e| DaemonError::Config(format!("{}: {e}", s.path.display()))),
         m => Err(DaemonError::Config(format!(
             "{}: serial mode \"{}\" is not served by this build",
             s.path.display(),
@@ -74,7 +94,10 @@ pub fn start(
     let mut stats = Vec::new();
     for s in cfg.serial.iter().filter(|s| s.mode != SerialMode::Modbus) {
         let core = core_for(cfg, s)?;
-        let st = Arc::new(PortStats::new(s.path.display().to_string(), mode_name(s.mode)));
+        let st = Arc::new(PortStats::new(
+            s.path.display().to_string(),
+            mode_name(s.mode),
+        ));
         let spec = Spec {
             path: s.path.clone(),
             settings: settings(s),

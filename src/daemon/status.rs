@@ -30,7 +30,13 @@ impl State {
 
 /// What the status shows besides the uptime and the byte counters: running, queue, counters,
 /// hash known, each port's state.
-pub type Key = (bool, usize, [u64; 5], bool, Vec<(PortState, Option<String>)>);
+pub type Key = (
+    bool,
+    usize,
+    [u64; 5],
+    bool,
+    Vec<(PortState, Option<String>)>,
+);
 
 /// What does not change while the daemon runs, and the clock of its uptime.
 pub struct StatusBoard {

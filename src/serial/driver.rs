@@ -98,7 +98,12 @@ pub async fn run(
         backoff = BACKOFF_MIN;
         stats.set_state(PortState::Open, None);
         (env.ctx.changed)();
-        tracing::info!(port = path, mode = stats.mode, baud = spec.settings.baud, "serial port open");
+        tracing::info!(
+            port = path,
+            mode = stats.mode,
+            baud = spec.settings.baud,
+            "serial port open"
+        );
         let Some(why) = serve(&port, core.as_mut(), &mut env, &mut rx, &mut stop).await else {
             break;
         };

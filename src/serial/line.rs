@@ -119,7 +119,12 @@ impl LineCore {
         };
         let Ok(text) = std::str::from_utf8(body) else {
             env.count(Count::BadInput);
-            return reply(env, checksum, "ERR bad_utf8 ", "the line is not valid UTF-8");
+            return reply(
+                env,
+                checksum,
+                "ERR bad_utf8 ",
+                "the line is not valid UTF-8",
+            );
         };
         let text = text.trim_matches(|c| c == ' ' || c == '\t');
         if text.is_empty() {
@@ -163,7 +168,12 @@ impl LineCore {
                     env.cancel();
                     reply(env, checksum, "OK ", "CANCELLING")
                 } else {
-                    reply(env, checksum, "ERR idle ", "no request of this port is running")
+                    reply(
+                        env,
+                        checksum,
+                        "ERR idle ",
+                        "no request of this port is running",
+                    )
                 }
             }
             "SET" => self.set(rest, checksum, env),
@@ -248,7 +258,9 @@ impl LineCore {
                     env,
                     checksum,
                     "ERR bad_request ",
-                    &format!("unknown setting {key:?}: max_tokens, temperature, seed, stream, system"),
+                    &format!(
+                        "unknown setting {key:?}: max_tokens, temperature, seed, stream, system"
+                    ),
                 );
             }
         }
@@ -315,9 +327,7 @@ impl Core for LineCore {
         };
         let cs = run.checksum;
         match ev {
-            Event::Text(t) if self.set.stream && run.reset.is_none() => {
-                reply(env, cs, "DATA ", &t)
-            }
+            Event::Text(t) if self.set.stream && run.reset.is_none() => reply(env, cs, "DATA ", &t),
             Event::Text(t) => run.text.push_str(&t),
             Event::Done(d) => {
                 let run = self.running.take().unwrap_or_else(|| unreachable!());

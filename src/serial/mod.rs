@@ -7,8 +7,10 @@
 //! service, and reopens a port that went away. Modbus is served by tokio-modbus around its own
 //! pure register map ([`modbus`]).
 
+pub mod console;
 pub mod core;
-pub mod stats;
+pub mod driver;
+pub mod frame;
 pub mod line;
 pub mod port;
-pub mod driver;
+pub mod stats;

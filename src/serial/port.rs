@@ -50,7 +50,9 @@ pub enum PortError {
     Open { path: PathBuf, errno: Errno },
     #[error("{path}: not a terminal, or its line cannot be set: {errno}")]
     Termios { path: PathBuf, errno: Errno },
-    #[error("{baud} baud is not a rate a tty can be set to (use 1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200, 230400, 460800, 921600, …)")]
+    #[error(
+        "{baud} baud is not a rate a tty can be set to (use 1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200, 230400, 460800, 921600, …)"
+    )]
     Baud { baud: u32 },
     #[error("{path}: {source}")]
     Async {
@@ -148,13 +150,12 @@ impl Port {
         };
         // SAFETY: the AsyncFd takes the OwnedFd, so the descriptor stays open and the same
         // until the AsyncFd is dropped, and `as_raw_fd` of an OwnedFd never changes.
-        let fd = unsafe {
-            AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE)
-        }
-        .map_err(|e| PortError::Async {
-            path: path.to_owned(),
-            source: e.into_parts().1,
-        })?;
+        let fd =
+            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE) }
+                .map_err(|e| PortError::Async {
+                    path: path.to_owned(),
+                    source: e.into_parts().1,
+                })?;
         Ok(Port { fd, rs485_note })
     }
 
@@ -163,9 +164,9 @@ impl Port {
     pub async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             let mut g = self.fd.readable().await?;
-            match g.try_io(|fd| {
-                nix::unistd::read(fd.as_raw_fd(), buf).map_err(std::io::Error::from)
-            }) {
+            match g
+                .try_io(|fd| nix::unistd::read(fd.as_raw_fd(), buf).map_err(std::io::Error::from))
+            {
                 Ok(r) => return r,
                 Err(_would_block) => continue,
             }
@@ -176,7 +177,9 @@ impl Port {
     pub async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
         while !bytes.is_empty() {
             let mut g = self.fd.writable().await?;
-            match g.try_io(|fd| nix::unistd::write(fd.get_ref(), bytes).map_err(std::io::Error::from)) {
+            match g
+                .try_io(|fd| nix::unistd::write(fd.get_ref(), bytes).map_err(std::io::Error::from))
+            {
                 Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Ok(Ok(n)) => bytes = &bytes[n..],
                 Ok(Err(e)) => return Err(e),

@@ -92,7 +92,10 @@ fn gen_answers_the_whole_text_on_one_escaped_line() {
 #[test]
 fn streaming_sends_data_lines_then_end_with_reason_and_counts() {
     let (mut c, mut env) = (core(), MemEnv::default());
-    assert_eq!(send(&mut c, &mut env, "SET stream=on\n"), "OK stream=on\r\n");
+    assert_eq!(
+        send(&mut c, &mut env, "SET stream=on\n"),
+        "OK stream=on\r\n"
+    );
     send(&mut c, &mut env, "GEN x\n");
     c.on_event(text("two\nlines"), &mut env);
     assert_eq!(env.take(), "DATA two\\nlines\r\n");
@@ -205,7 +208,10 @@ fn a_timeout_mid_answer_is_err_timeout_with_the_tokens_generated() {
 fn unknown_commands_and_invalid_utf8_are_errors_and_counted() {
     let (mut c, mut env) = (core(), MemEnv::default());
     let r = send(&mut c, &mut env, "FLY away\n");
-    assert!(r.starts_with("ERR unknown_command FLY: the commands are PING"), "{r}");
+    assert!(
+        r.starts_with("ERR unknown_command FLY: the commands are PING"),
+        "{r}"
+    );
     c.on_bytes(b"GEN \xff\xfe\n", &mut env);
     assert_eq!(env.take(), "ERR bad_utf8 the line is not valid UTF-8\r\n");
     assert_eq!(env.counts, [Count::BadInput, Count::BadInput]);

@@ -1,0 +1,435 @@
+//! Console mode: a technician's terminal (picocom, minicom, screen) on the port.
+//!
+//! A line editor with echo — Backspace (0x08 or 0x7F) erases a character with `\b \b`,
+//! Ctrl-U the whole line, Ctrl-C clears it; Enter (CR, LF or CR LF, counted once) submits —
+//! under an `edgellm> ` prompt. A line that is exactly `help`, `status`, `sessions` or
+//! `log [N]` is a command; any other line is a chat message to the model, whose answer
+//! streams as it is generated, then a line with its finish reason, token counts and speed.
+//!
+//! While an answer streams, only Ctrl-C is read (it cancels the answer); everything else typed
+//! is dropped, so that keys pressed while reading do not turn into a half-typed line behind
+//! the answer. Escape sequences (arrow and function keys) are swallowed whole, never echoed.
+//! Invalid UTF-8 and a line over its bound ring the bell (0x07) and are not taken: the line
+//! buffer is fixed and never grows. The terminal is in raw mode, so every line this core
+//! writes ends in CR LF, the answer's `\n` included; control characters in the answer or in
+//! log lines (an escape sequence a model or a log line might hold) are not passed to the
+//! terminal.
+
+use crate::serial::core::{Core, Env};
+use crate::serial::stats::Count;
+use crate::service::{Event, FinishReason, Prompt, Request};
+use crate::tokenizer::ChatMessage;
+use std::time::Duration;
+
+/// The largest configurable line, in bytes.
+pub const MAX_LINE: usize = 1024;
+pub const PROMPT: &str = "edgellm> ";
+const BELL: &[u8] = b"\x07";
+/// Lines `log` shows without a number, and at most.
+const LOG_LINES: usize = 20;
+const LOG_MAX: usize = 200;
+/// A CSI sequence longer than this is not one: stop swallowing bytes.
+const CSI_MAX: u8 = 16;
+
+const HELP: &str = "Type a question and press Enter: the answer streams here, Ctrl-C stops it.
+Commands (alone on the line; any other line goes to the model):
+  help       this text
+  status     the appliance's state and counters
+  sessions   the saved sessions
+  log [N]    the daemon's last N log lines (20, at most 200)
+Editing: Backspace erases a character, Ctrl-U the line, Ctrl-C clears it.
+";
+
+/// A console configuration that cannot be served.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("console line bound {got} is out of range 1..={MAX_LINE}")]
+    LineBound { got: usize },
+}
+
+/// Where in an escape sequence the input is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Esc {
+    None,
+    /// After ESC.
+    Start,
+    /// After ESC [, with this many parameter bytes.
+    Csi(u8),
+    /// After ESC O: one more byte.
+    Ss3,
+}
+
+/// The answer being streamed.
+struct Running {
+    /// The cursor is at the start of a line (the summary line needs no CR LF first).
+    at_line_start: bool,
+}
+
+/// How a console port behaves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsoleConfig {
+    /// Longest line in bytes, 1 to [`MAX_LINE`].
+    pub max_line: usize,
+    /// Tokens of an answer.
+    pub max_tokens: usize,
+    /// Per-request deadline.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            max_line: 256,
+            max_tokens: 256,
+            timeout: None,
+        }
+    }
+}
+
+/// The console mode of one port.
+pub struct ConsoleCore {
+    max_line: usize,
+    max_tokens: usize,
+    timeout: Option<Duration>,
+    line: heapless::String<MAX_LINE>,
+    /// A UTF-8 sequence being typed, and its length.
+    utf8: heapless::Vec<u8, 4>,
+    utf8_len: usize,
+    esc: Esc,
+    /// The last byte was CR: an LF right after it is the same Enter.
+    after_cr: bool,
+    /// This line went over its bound (counted once).
+    overlong: bool,
+    running: Option<Running>,
+}
+
+impl ConsoleCore {
+    pub fn new(cfg: ConsoleConfig) -> Result<ConsoleCore, ConsoleError> {
+        if !(1..=MAX_LINE).contains(&cfg.max_line) {
+            return Err(ConsoleError::LineBound { got: cfg.max_line });
+        }
+        Ok(ConsoleCore {
+            max_line: cfg.max_line,
+            max_tokens: cfg.max_tokens.max(1),
+            timeout: cfg.timeout,
+            line: heapless::String::new(),
+            utf8: heapless::Vec::new(),
+            utf8_len: 0,
+            esc: Esc::None,
+            after_cr: false,
+            overlong: false,
+            running: None,
+        })
+    }
+
+    /// The line being edited (tests).
+    pub fn line(&self) -> &str {
+        &self.line
+    }
+
+    /// The line buffer's fixed size in bytes (tests: input never grows it).
+    pub fn line_capacity(&self) -> usize {
+        self.line.capacity()
+    }
+
+    /// Writes a fresh prompt (what [`Core::on_reopen`] does; the driver does not call it at
+    /// the first open, so the technician presses Enter to see the prompt).
+    pub fn greet(&mut self, env: &mut dyn Env) {
+        env.write(b"\r\n");
+        env.write(PROMPT.as_bytes());
+    }
+
+    fn on_byte(&mut self, b: u8, env: &mut dyn Env) {
+        if let Some(r) = &mut self.running {
+            if b == 0x03 {
+                env.cancel();
+                env.write(b"^C");
+                r.at_line_start = false;
+            }
+            return;
+        }
+        match self.esc {
+            Esc::None => {}
+            Esc::Start => {
+                self.esc = match b {
+                    b'[' => Esc::Csi(0),
+                    b'O' => Esc::Ss3,
+                    _ => Esc::None,
+                };
+                return;
+            }
+            Esc::Csi(n) => {
+                // Parameter and intermediate bytes, then a final byte 0x40..=0x7E. A control
+                // byte is not part of it: the sequence was cut, take the byte as typed.
+                if b >= 0x20 {
+                    self.esc = if (0x40..=0x7E).contains(&b) || n >= CSI_MAX {
+                        Esc::None
+                    } else {
+                        Esc::Csi(n + 1)
+                    };
+                    return;
+                }
+                self.esc = Esc::None;
+            }
+            Esc::Ss3 => {
+                self.esc = Esc::None;
+                return;
+            }
+        }
+        if self.utf8_len > 0 {
+            if b & 0xC0 == 0x80 {
+                let _ = self.utf8.push(b);
+                if self.utf8.len() == self.utf8_len {
+                    let bytes = std::mem::take(&mut self.utf8);
+                    self.utf8_len = 0;
+                    match std::str::from_utf8(&bytes) {
+                        Ok(s) => self.insert(s, env),
+                        Err(_) => self.invalid(env),
+                    }
+                }
+                return;
+            }
+            // The sequence stopped short: refuse it, then take this byte as typed.
+            self.utf8.clear();
+            self.utf8_len = 0;
+            self.invalid(env);
+        }
+        let after_cr = std::mem::replace(&mut self.after_cr, false);
+        match b {
+            b'\r' => {
+                self.after_cr = true;
+                self.submit(env);
+            }
+            b'\n' if after_cr => {}
+            b'\n' => self.submit(env),
+            0x08 | 0x7F => {
+                if let Some(_c) = self.line.pop() {
+                    env.write(b"\x08 \x08");
+                }
+            }
+            0x15 => {
+                for _ in 0..self.line.chars().count() {
+                    env.write(b"\x08 \x08");
+                }
+                self.clear_line();
+            }
+            0x03 => {
+                env.write(b"^C\r\n");
+                self.clear_line();
+                env.write(PROMPT.as_bytes());
+            }
+            0x1B => self.esc = Esc::Start,
+            0x20..=0x7E => {
+                let c = [b];
+                // ASCII is UTF-8.
+                self.insert(std::str::from_utf8(&c).unwrap_or(" "), env);
+            }
+            0xC2..=0xDF => self.start_utf8(b, 2),
+            0xE0..=0xEF => self.start_utf8(b, 3),
+            0xF0..=0xF4 => self.start_utf8(b, 4),
+            // Other control keys (Tab, Ctrl-D, NUL after CR from telnet) edit nothing.
+            0x00..=0x1F => {}
+            _ => self.invalid(env),
+        }
+    }
+
+    fn start_utf8(&mut self, b: u8, len: usize) {
+        self.utf8.clear();
+        let _ = self.utf8.push(b);
+        self.utf8_len = len;
+    }
+
+    fn invalid(&mut self, env: &mut dyn Env) {
+        env.count(Count::BadInput);
+        env.write(BELL);
+    }
+
+    fn insert(&mut self, s: &str, env: &mut dyn Env) {
+        if self.line.len() + s.len() > self.max_line {
+            if !self.overlong {
+                self.overlong = true;
+                env.count(Count::BadInput);
+            }
+            env.write(BELL);
+            return;
+        }
+        // Fits: max_line <= MAX_LINE.
+        let _ = self.line.push_str(s);
+        env.write(s.as_bytes());
+    }
+
+    fn clear_line(&mut self) {
+        self.line.clear();
+        self.overlong = false;
+    }
+
+    fn submit(&mut self, env: &mut dyn Env) {
+        env.write(b"\r\n");
+        let text = self.line.trim().to_owned();
+        self.clear_line();
+        let mut words = text.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (None, _, _) => {}
+            (Some("help"), None, _) => write_text(env, HELP),
+            (Some("status"), None, _) => self.status(env),
+            (Some("sessions"), None, _) => {
+                let s = env.sessions();
+                if s.is_empty() {
+                    write_text(env, "no sessions\n");
+                }
+                for name in s {
+                    write_text(env, &name);
+                    env.write(b"\r\n");
+                }
+            }
+            (Some("log"), n, None) => match n.map(str::parse::<usize>) {
+                None => log(env, LOG_LINES),
+                Some(Ok(n)) => log(env, n.min(LOG_MAX)),
+                Some(Err(_)) => write_text(env, "log: N is a number of lines\n"),
+            },
+            _ => return self.chat(text, env),
+        }
+        env.write(PROMPT.as_bytes());
+    }
+
+    fn status(&self, env: &mut dyn Env) {
+        let s = env.status();
+        let text = format!(
+            "state      {} (model {})\nqueue      {} waiting, answering: {}\n\
+             answered   {}, failed {}, busy {}\nuptime     {} s\n\
+             this port  {} requests, {} bad input, {} checksum errors\n",
+            s.state,
+            s.model,
+            s.queue,
+            if s.running { "yes" } else { "no" },
+            s.answered,
+            s.failed,
+            s.busy,
+            s.uptime_s,
+            s.port_requests,
+            s.port_bad_input,
+            s.port_checksum_errors,
+        );
+        write_text(env, &text);
+    }
+
+    fn chat(&mut self, text: String, env: &mut dyn Env) {
+        let prompt = Prompt::Chat(vec![ChatMessage::new("user", text)]);
+        let mut req = Request::new(env.new_id(), env.source(), prompt);
+        req.max_tokens = self.max_tokens;
+        req.deadline = self.timeout.map(|t| env.now() + t);
+        match env.submit(req) {
+            Ok(()) => {
+                env.count(Count::Requests);
+                self.running = Some(Running {
+                    at_line_start: true,
+                });
+            }
+            Err(e) => {
+                write_text(env, &format!("error: {}: {}\n", e.code, e.message));
+                env.write(PROMPT.as_bytes());
+            }
+        }
+    }
+
+    /// Back to editing after an answer: whatever was half-typed before it is gone.
+    fn end_answer(&mut self, summary: &str, env: &mut dyn Env) {
+        if let Some(r) = self.running.take()
+            && !r.at_line_start
+        {
+            env.write(b"\r\n");
+        }
+        write_text(env, summary);
+        self.esc = Esc::None;
+        self.utf8.clear();
+        self.utf8_len = 0;
+        self.after_cr = false;
+        env.write(PROMPT.as_bytes());
+    }
+}
+
+impl Core for ConsoleCore {
+    fn on_bytes(&mut self, bytes: &[u8], env: &mut dyn Env) {
+        for &b in bytes {
+            self.on_byte(b, env);
+        }
+    }
+
+    fn on_event(&mut self, ev: Event, env: &mut dyn Env) {
+        let Some(r) = &mut self.running else { return };
+        match ev {
+            Event::Text(c) => {
+                if let Some(last) = c.chars().rev().find(|&ch| ch == '\n' || !ch.is_control()) {
+                    r.at_line_start = last == '\n';
+                }
+                write_text(env, &c);
+            }
+            Event::Done(d) => {
+                let summary = format!(
+                    "[{} · {} prompt tokens · {} tokens · {:.1} tok/s]\n",
+                    finish_str(d.finish_reason),
+                    d.usage.prompt_tokens,
+                    d.usage.completion_tokens,
+                    d.timings.decode_tps,
+                );
+                self.end_answer(&summary, env);
+            }
+            Event::Error(e) => {
+                self.end_answer(&format!("error: {}: {}\n", e.code, e.message), env);
+            }
+        }
+    }
+
+    fn on_reopen(&mut self, env: &mut dyn Env) {
+        self.clear_line();
+        self.esc = Esc::None;
+        self.utf8.clear();
+        self.utf8_len = 0;
+        if self.running.is_none() {
+            self.greet(env);
+        }
+    }
+}
+
+/// Writes text for a terminal in raw mode: `\n` becomes CR LF, other control characters
+/// (CR, ESC, C1) are dropped so that nothing written can move the cursor or recolour the
+/// technician's screen. Tabs pass.
+fn write_text(env: &mut dyn Env, s: &str) {
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        if c == '\t' || !c.is_control() {
+            continue;
+        }
+        env.write(&s.as_bytes()[start..i]);
+        if c == '\n' {
+            env.write(b"\r\n");
+        }
+        start = i + c.len_utf8();
+    }
+    env.write(&s.as_bytes()[start..]);
+}
+
+fn log(env: &mut dyn Env, n: usize) {
+    let lines = env.log_tail(n);
+    if lines.is_empty() {
+        write_text(env, "the log is empty\n");
+    }
+    for l in lines {
+        write_text(env, &l);
+        env.write(b"\r\n");
+    }
+}
+
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Eog => "eog",
+        FinishReason::Length => "length",
+        FinishReason::ContextFull => "context_full",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Timeout => "timeout",
+    }
+}
+
+#[cfg(test)]
+#[path = "console_tests.rs"]
+mod tests;

@@ -1,0 +1,373 @@
+//! Requests and their answers: acknowledgements, the cache, retransmission, refusals.
+
+use super::*;
+use crate::serial::core::Core;
+use crate::serial::frame::*;
+use crate::serial::stats::Count;
+use crate::service::{ErrorCode, Event, FinishReason, Prompt, ServiceError};
+use std::time::Duration;
+
+#[test]
+fn request_is_acknowledged_and_submitted_as_a_chat_message() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(1, "What is 2+2?"), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(1)]);
+    assert_eq!(e.submitted.len(), 1);
+    let r = &e.submitted[0];
+    assert_eq!(r.source, "serial:test");
+    assert_eq!(r.max_tokens, 128, "0 means the default");
+    assert_eq!(r.deadline, None);
+    match &r.prompt {
+        Prompt::Chat(m) => {
+            assert_eq!(
+                (m[0].role.as_str(), m[0].content.as_str()),
+                ("user", "What is 2+2?")
+            )
+        }
+        p => panic!("not a chat: {p:?}"),
+    }
+    assert_eq!(e.counts, [Count::Requests]);
+}
+
+#[test]
+fn raw_flag_and_max_tokens_reach_the_request() {
+    let (mut c, mut e) = (core(), env());
+    let mut p = vec![FLAG_RAW, 40, 1];
+    p.extend_from_slice(b"Once upon");
+    c.on_bytes(&frame(3, kind::REQUEST, &p), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(3)]);
+    assert_eq!(e.submitted[0].max_tokens, 296);
+    assert!(
+        matches!(&e.submitted[0].prompt, Prompt::Text { text, special: false } if text == "Once upon")
+    );
+}
+
+#[test]
+fn answer_streams_one_frame_at_a_time_each_sent_after_the_previous_ack() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(9, "hi"), &mut e);
+    frames(&mut e);
+    c.on_event(text("Hello "), &mut e);
+    assert_eq!(frames(&mut e), [data(9, 0, "Hello ")]);
+    // Text arriving while frame 0 waits for its ACK is held, then sent in one frame.
+    c.on_event(text("wor"), &mut e);
+    c.on_event(text("ld"), &mut e);
+    assert_eq!(frames(&mut e), []);
+    c.on_bytes(&ack(9, 0), &mut e);
+    assert_eq!(frames(&mut e), [data(9, 1, "world")]);
+    c.on_event(done(FinishReason::Length, 12, 3), &mut e);
+    assert_eq!(frames(&mut e), []);
+    c.on_bytes(&ack(9, 1), &mut e);
+    assert_eq!(frames(&mut e), [end(9, 2, 1, 12, 3)]);
+    c.on_bytes(&ack(9, 2), &mut e);
+    assert_eq!(frames(&mut e), []);
+    assert_eq!(c.deadline(), None, "nothing is waiting for an ACK");
+}
+
+#[test]
+fn ack_of_another_frame_or_sequence_is_ignored() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(9, "hi"), &mut e);
+    c.on_event(text("a"), &mut e);
+    c.on_event(text("b"), &mut e);
+    frames(&mut e);
+    c.on_bytes(&ack(8, 0), &mut e);
+    c.on_bytes(&ack(9, 5), &mut e);
+    assert_eq!(frames(&mut e), []);
+    c.on_bytes(&ack(9, 0), &mut e);
+    assert_eq!(frames(&mut e), [data(9, 1, "b")]);
+}
+
+#[test]
+fn long_answer_is_cut_into_frames_at_character_boundaries() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(2, "hi"), &mut e);
+    frames(&mut e);
+    c.on_event(text("x"), &mut e);
+    let answer: String = "é€😀 ascii ".repeat(20);
+    let mut sent = String::from_utf8(frames(&mut e)[0].2[2..].to_vec()).unwrap();
+    for piece in answer
+        .as_bytes()
+        .chunks(1)
+        .collect::<Vec<_>>()
+        .chunk_by(|_, b| b[0] & 0xC0 == 0x80)
+    {
+        let s: Vec<u8> = piece.concat();
+        c.on_event(
+            Event::Text(Chunk::try_from(std::str::from_utf8(&s).unwrap()).unwrap()),
+            &mut e,
+        );
+    }
+    c.on_event(done(FinishReason::Eog, 1, 1), &mut e);
+    for index in 0.. {
+        c.on_bytes(&ack(2, index), &mut e);
+        let f = frames(&mut e);
+        let Some((_, k, p)) = f.first() else { break };
+        assert!(p.len() <= 64, "payload over the bound: {}", p.len());
+        if *k == kind::END {
+            break;
+        }
+        assert_eq!(u16::from_le_bytes([p[0], p[1]]), index + 1);
+        sent.push_str(std::str::from_utf8(&p[2..]).expect("a frame cut a character"));
+    }
+    assert_eq!(sent, format!("x{answer}"));
+}
+
+#[test]
+fn malformed_requests_are_refused_with_bad_request_and_never_submitted() {
+    let cases: [(&[u8], &str); 5] = [
+        (b"\x00\x00", "shorter"),
+        (b"\x80\x00\x00hi", "flags"),
+        (b"\x00\x00\x00\xff\xfeok", "UTF-8"),
+        (b"\x00\x00\x00", "empty"),
+        (b"\x00\x00\x00  \r\n", "empty"),
+    ];
+    for (payload, why) in cases {
+        let (mut c, mut e) = (core(), env());
+        c.on_bytes(&frame(1, kind::REQUEST, payload), &mut e);
+        let f = frames(&mut e);
+        let (index, code, message) = error_of(&f[0]);
+        assert_eq!((f.len(), index, code), (1, REFUSAL_INDEX, 1), "{why}");
+        assert!(message.contains(why), "{message:?} should say {why}");
+        assert!(e.submitted.is_empty());
+        assert_eq!(e.counts, [Count::BadInput]);
+    }
+}
+
+#[test]
+fn a_second_request_while_one_runs_is_refused_busy() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(1, "first"), &mut e);
+    c.on_bytes(&request(2, "second"), &mut e);
+    let f = frames(&mut e);
+    assert_eq!(f[0], r_ack(1));
+    assert_eq!(error_of(&f[1]).0, REFUSAL_INDEX);
+    assert_eq!(error_of(&f[1]).1, super::core::code_byte(ErrorCode::Busy));
+    assert_eq!(e.submitted.len(), 1);
+    // Once the first has ended, the same second request is taken.
+    c.on_event(done(FinishReason::Eog, 1, 0), &mut e);
+    c.on_bytes(&request(2, "second"), &mut e);
+    assert_eq!(frames(&mut e).last(), Some(&r_ack(2)));
+    assert_eq!(e.submitted.len(), 2);
+}
+
+#[test]
+fn a_refusal_of_the_service_is_an_error_frame() {
+    let (mut c, mut e) = (core(), env());
+    e.refuse = Some(ServiceError::new(ErrorCode::Busy, "the queue is full"));
+    c.on_bytes(&request(1, "hi"), &mut e);
+    let f = frames(&mut e);
+    assert_eq!(
+        error_of(&f[0]),
+        (REFUSAL_INDEX, 4, "the queue is full".into())
+    );
+    assert!(e.counts.is_empty());
+    // Nothing was kept: the same request is tried again.
+    e.refuse = None;
+    c.on_bytes(&request(1, "hi"), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(1)]);
+}
+
+#[test]
+fn an_error_event_ends_the_answer_with_an_error_frame_that_needs_an_ack() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(1, "hi"), &mut e);
+    frames(&mut e);
+    c.on_event(
+        Event::Error(ServiceError::new(ErrorCode::Timeout, "deadline passed")),
+        &mut e,
+    );
+    let f = frames(&mut e);
+    assert_eq!(error_of(&f[0]), (0, 5, "deadline passed".into()));
+    assert!(c.deadline().is_some(), "it waits for its ACK");
+    c.on_bytes(&ack(1, 0), &mut e);
+    assert_eq!(c.deadline(), None);
+}
+
+#[test]
+fn a_repeated_request_is_answered_from_the_cache_without_a_second_submit() {
+    let (mut c, mut e) = (core(), env());
+    answered(&mut c, &mut e, 3, "hi");
+    frames(&mut e);
+    e.counts.clear();
+    c.on_bytes(&request(3, "hi"), &mut e);
+    // The whole answer again, from frame 0, one frame per ACK.
+    assert_eq!(frames(&mut e), [r_ack(3), data(3, 0, "Hello world")]);
+    c.on_bytes(&ack(3, 0), &mut e);
+    assert_eq!(frames(&mut e), [end(3, 1, 0, 7, 2)]);
+    assert_eq!(e.submitted.len(), 1);
+    assert_eq!(e.counts, [Count::Duplicate]);
+}
+
+#[test]
+fn a_repeated_request_while_it_runs_is_acknowledged_again_and_not_resubmitted() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(3, "hi"), &mut e);
+    c.on_event(text("Hel"), &mut e);
+    frames(&mut e);
+    c.on_bytes(&request(3, "hi"), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(3)]);
+    assert_eq!(e.submitted.len(), 1);
+    assert_eq!(e.counts, [Count::Requests, Count::Duplicate]);
+    c.on_bytes(&ack(3, 0), &mut e);
+    c.on_event(text("lo"), &mut e);
+    assert_eq!(frames(&mut e), [data(3, 1, "lo")]);
+}
+
+#[test]
+fn the_same_sequence_with_another_prompt_is_a_new_request() {
+    let (mut c, mut e) = (core(), env());
+    answered(&mut c, &mut e, 3, "hi");
+    c.on_bytes(&request(3, "something else"), &mut e);
+    assert_eq!(e.submitted.len(), 2);
+    assert!(!e.counts.contains(&Count::Duplicate));
+}
+
+#[test]
+fn the_cache_holds_the_last_four_answers() {
+    let (mut c, mut e) = (core(), env());
+    for seq in 1..=5 {
+        answered(&mut c, &mut e, seq, "hi");
+    }
+    for seq in 2..=5 {
+        c.on_bytes(&request(seq, "hi"), &mut e);
+    }
+    assert_eq!(e.submitted.len(), 5, "2 to 5 came from the cache");
+    c.on_bytes(&request(1, "hi"), &mut e);
+    assert_eq!(
+        e.submitted.len(),
+        6,
+        "1 was forgotten and is computed again"
+    );
+}
+
+#[test]
+fn an_unacknowledged_frame_is_sent_again_after_the_timeout_then_given_up() {
+    let (mut c, mut e) = (core(), env());
+    let t0 = e.clock.unwrap();
+    c.on_bytes(&request(1, "hi"), &mut e);
+    c.on_event(text("Hello"), &mut e);
+    let sent = std::mem::take(&mut e.out);
+    let timeout = FrameConfig::default().ack_timeout;
+    assert_eq!(c.deadline(), Some(t0 + timeout));
+    e.clock = Some(t0 + timeout - Duration::from_millis(1));
+    c.on_tick(&mut e);
+    assert!(e.out.is_empty(), "sent again too early");
+    for n in 1..=3u32 {
+        e.clock = Some(t0 + timeout * n);
+        assert_eq!(c.deadline(), e.clock);
+        c.on_tick(&mut e);
+        assert_eq!(
+            e.out,
+            sent[sent.len() - e.out.len()..],
+            "try {n} is the same frame"
+        );
+        assert_eq!(frames(&mut e), [data(1, 0, "Hello")]);
+    }
+    e.clock = Some(t0 + timeout * 4);
+    c.on_tick(&mut e);
+    assert!(e.out.is_empty(), "given up after 3 retries");
+    assert_eq!(c.deadline(), None);
+    assert_eq!(
+        e.counts.iter().filter(|&&k| k == Count::Retransmit).count(),
+        3
+    );
+    // The answer is finished and kept: the master's repeat of the request gets it all.
+    c.on_event(text(" world"), &mut e);
+    c.on_event(done(FinishReason::Eog, 2, 2), &mut e);
+    assert!(e.out.is_empty());
+    c.on_bytes(&request(1, "hi"), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(1), data(1, 0, "Hello world")]);
+    assert_eq!(e.submitted.len(), 1);
+}
+
+#[test]
+fn a_nak_from_the_master_sends_the_frame_again_at_once() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(1, "hi"), &mut e);
+    c.on_event(text("Hello"), &mut e);
+    frames(&mut e);
+    c.on_bytes(&frame(1, kind::NAK, &0u16.to_le_bytes()), &mut e);
+    assert_eq!(frames(&mut e), [data(1, 0, "Hello")]);
+    assert_eq!(e.counts.last(), Some(&Count::Retransmit));
+}
+
+#[test]
+fn ping_is_answered_with_its_payload_and_status_with_the_counters() {
+    let (mut c, mut e) = (core(), env());
+    e.status.state = "online";
+    e.status.model = "SmolLM2".into();
+    e.status.queue = 2;
+    e.status.answered = 300;
+    e.status.port_checksum_errors = 9;
+    c.on_bytes(&frame(1, kind::PING, b"\x01\x02"), &mut e);
+    c.on_bytes(&frame(2, kind::STATUS, b""), &mut e);
+    let f = frames(&mut e);
+    assert_eq!(f[0], (1, kind::PONG, vec![1, 2]));
+    let (seq, k, p) = &f[1];
+    assert_eq!((*seq, *k), (2, kind::STATUS_REPLY));
+    assert_eq!(p[..4], [0, 0, 2, 0]);
+    assert_eq!(p[4..8], 300u32.to_le_bytes());
+    assert_eq!(p[28..32], 9u32.to_le_bytes());
+    assert_eq!(&p[32..], b"SmolLM2");
+}
+
+#[test]
+fn cancel_cancels_the_running_request_and_is_acknowledged() {
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&frame(1, kind::CANCEL, b""), &mut e);
+    assert_eq!(
+        (frames(&mut e), e.cancels),
+        (vec![r_ack(1)], 0),
+        "nothing runs"
+    );
+    c.on_bytes(&request(2, "hi"), &mut e);
+    c.on_bytes(&frame(2, kind::CANCEL, b""), &mut e);
+    assert_eq!((frames(&mut e), e.cancels), (vec![r_ack(2), r_ack(2)], 1));
+    c.on_event(done(FinishReason::Cancelled, 1, 0), &mut e);
+    assert_eq!(frames(&mut e), [end(2, 0, 3, 1, 0)]);
+}
+
+#[test]
+fn max_tokens_over_the_limit_is_refused_too_large_and_the_timeout_becomes_a_deadline() {
+    let mut c = FrameCore::new(FrameConfig {
+        max_payload: 64,
+        max_tokens: 100,
+        default_tokens: 32,
+        timeout: Some(Duration::from_secs(5)),
+        ..FrameConfig::default()
+    })
+    .unwrap();
+    let mut e = env();
+    c.on_bytes(&frame(1, kind::REQUEST, b"\x00\x65\x00hi"), &mut e);
+    let f = frames(&mut e);
+    let (index, code, message) = error_of(&f[0]);
+    assert_eq!((index, code), (REFUSAL_INDEX, 2));
+    assert!(message.contains("100"), "{message}");
+    assert!(e.submitted.is_empty());
+    c.on_bytes(&request(2, "hi"), &mut e);
+    assert_eq!(e.submitted[0].max_tokens, 32);
+    assert_eq!(
+        e.submitted[0].deadline,
+        Some(e.clock.unwrap() + Duration::from_secs(5))
+    );
+}
+
+#[test]
+fn a_repeat_of_an_older_request_while_another_runs_is_refused_busy() {
+    let (mut c, mut e) = (core(), env());
+    answered(&mut c, &mut e, 1, "first");
+    c.on_bytes(&request(2, "second"), &mut e);
+    c.on_event(text("Sec"), &mut e);
+    frames(&mut e);
+    c.on_bytes(&request(1, "first"), &mut e);
+    let f = frames(&mut e);
+    assert_eq!(
+        error_of(&f[0]).1,
+        super::super::core::code_byte(ErrorCode::Busy)
+    );
+    // The running answer's frame is still the one waiting for its ACK.
+    c.on_bytes(&ack(2, 0), &mut e);
+    c.on_event(text("ond"), &mut e);
+    assert_eq!(frames(&mut e), [data(2, 1, "ond")]);
+}

@@ -1,0 +1,190 @@
+//! The frame mode against the running daemon on a real pseudo-terminal: PING, a request and
+//! its acknowledged answer equal to `edgellm run`, a repeat answered from the cache without a
+//! second computation, a bad CRC, an overlong frame, and a megabyte of noise.
+
+mod common;
+
+use common::mqtt::{Daemon, model_arg};
+use common::serial::{Pty, rss_kib};
+use edgellm::serial::frame::codec::{self, Decoded, Decoder};
+use edgellm::serial::frame::{FLAG_RAW, kind, nak};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+fn model() -> String {
+    model_arg(&common::model_path("q4_0"))
+}
+
+/// The master's end of the link.
+struct Master {
+    p: Pty,
+    dec: Decoder,
+    /// Bytes read but not yet fed to the decoder.
+    pending: Vec<u8>,
+}
+
+impl Master {
+    fn send(&mut self, seq: u8, k: u8, payload: &[u8]) {
+        self.p.send(&codec::encode(seq, k, payload));
+    }
+
+    /// The next whole frame the daemon sends within `within`.
+    fn frame(&mut self, within: Duration) -> (u8, u8, Vec<u8>) {
+        let until = Instant::now() + within;
+        loop {
+            let n = self.dec.feed(&self.pending);
+            self.pending.drain(..n);
+            match self.dec.pop() {
+                Some(Decoded::Frame { seq, kind, payload }) => {
+                    return (seq, kind, payload.to_vec());
+                }
+                Some(other) => panic!("the daemon sent a bad frame: {other:?}"),
+                None if self.pending.is_empty() => {
+                    assert!(Instant::now() < until, "no frame within {within:?}");
+                    let bytes = self.p.drain(Duration::from_millis(20));
+                    self.pending.extend(bytes);
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Sends a raw-text request and collects its answer, acknowledging every frame.
+    fn ask(&mut self, seq: u8, prompt: &str, max_tokens: u16) -> (String, Vec<u8>) {
+        let mut p = vec![FLAG_RAW];
+        p.extend_from_slice(&max_tokens.to_le_bytes());
+        p.extend_from_slice(prompt.as_bytes());
+        self.send(seq, kind::REQUEST, &p);
+        assert_eq!(self.frame(T), (seq, kind::R_ACK, vec![]));
+        self.answer(seq)
+    }
+
+    fn answer(&mut self, seq: u8) -> (String, Vec<u8>) {
+        let mut text = String::new();
+        loop {
+            let (s, k, p) = self.frame(T);
+            assert_eq!(s, seq);
+            self.send(seq, kind::ACK, &p[..2]);
+            match k {
+                kind::DATA => text.push_str(std::str::from_utf8(&p[2..]).unwrap()),
+                kind::END => return (text, p[2..].to_vec()),
+                other => panic!("frame type {other:#x} in an answer: {p:?}"),
+            }
+        }
+    }
+}
+
+fn daemon(p: &Pty) -> Daemon {
+    let m = model();
+    let spec = format!("{}:115200:frame", p.path);
+    let args = [
+        "-m", &m, "--mqtt", "off", "-c", "256", "-t", "2", "--serial", &spec,
+    ];
+    let d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
+    let log = d.wait_log(T, |l| l.contains("serial port open"));
+    assert!(log.contains("serial port open"), "port not open: {log}");
+    d
+}
+
+fn run_text(prompt: &str, n: usize) -> String {
+    let out = common::mqtt::edgellm(&[
+        "run",
+        "-m",
+        &model(),
+        "--prompt",
+        prompt,
+        "-n",
+        &n.to_string(),
+        "-c",
+        "256",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["text"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn frames_on_a_pty_answer_acknowledge_repeat_from_cache_and_survive_noise() {
+    let p = Pty::open();
+    let mut d = daemon(&p);
+    let mut m = Master {
+        p,
+        dec: Decoder::new(codec::MAX_PAYLOAD),
+        pending: Vec::new(),
+    };
+    m.send(1, kind::PING, b"hi");
+    assert_eq!(m.frame(T), (1, kind::PONG, b"hi".to_vec()));
+
+    // A request byte by byte; its answer is the CLI's for the same greedy prompt.
+    let prompt = "The capital of France is";
+    let mut p = vec![FLAG_RAW, 12, 0];
+    p.extend_from_slice(prompt.as_bytes());
+    for b in codec::encode(2, kind::REQUEST, &p) {
+        m.p.send(&[b]);
+    }
+    assert_eq!(m.frame(T), (2, kind::R_ACK, vec![]));
+    let (text, end) = m.answer(2);
+    assert_eq!(text, run_text(prompt, 12));
+    assert_eq!(end[0], 1, "finish reason length");
+    assert_eq!(u32::from_le_bytes(end[5..9].try_into().unwrap()), 12);
+
+    // The same request again: the same answer, from the cache, computed once.
+    let answered = |d: &Daemon| d.log_text().matches("answered").count();
+    let before = answered(&d);
+    m.send(2, kind::REQUEST, &p);
+    assert_eq!(m.frame(T), (2, kind::R_ACK, vec![]));
+    assert_eq!(m.answer(2).0, text);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(answered(&d), before, "the repeat was computed again");
+
+    // A bad CRC, then an overlong frame: NAKs, and the link goes on.
+    let mut bad = codec::encode(3, kind::PING, b"x").to_vec();
+    bad[5] ^= 1;
+    m.p.send(&bad);
+    assert_eq!(m.frame(T), (3, kind::R_NAK, vec![nak::CRC]));
+    m.p.send(&[codec::START, 0xFF, 0x0F, 4, kind::REQUEST]);
+    assert_eq!(m.frame(T), (4, kind::R_NAK, vec![nak::TOO_LONG]));
+    m.send(5, kind::STATUS, b"");
+    let (_, k, s) = m.frame(T);
+    assert_eq!(k, kind::STATUS_REPLY);
+    assert_eq!(
+        u32::from_le_bytes(s[28..32].try_into().unwrap()),
+        1,
+        "one CRC error"
+    );
+
+    // A megabyte of noise: memory flat, the port answering.
+    let pid = d.child.id();
+    let rss = rss_kib(pid);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut chunk = vec![0u8; 16 << 10];
+    for _ in 0..64 {
+        for b in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        m.p.send(&chunk);
+        m.p.drain(Duration::from_millis(5));
+    }
+    // Whatever half frame the noise left is given up after the gap.
+    std::thread::sleep(Duration::from_millis(700));
+    m.p.drain(Duration::from_millis(100));
+    m.dec.clear();
+    m.pending.clear();
+    m.send(6, kind::PING, b"alive");
+    assert_eq!(m.frame(T), (6, kind::PONG, b"alive".to_vec()));
+    let after = rss_kib(pid);
+    assert!(after < rss + 2048, "memory grew from {rss} to {after} KiB");
+    let (again, _) = m.ask(7, prompt, 12);
+    assert_eq!(again, text);
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+}
