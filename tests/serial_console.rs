@@ -37,6 +37,8 @@ fn the_console_on_a_pty_edits_answers_commands_and_cancels_with_ctrl_c() {
     let log = d.wait_log(T, |l| l.contains("serial port open"));
     assert!(log.contains("serial port open"), "{log}");
 
+    // The prompt comes by itself when the port opens, and again for an empty line.
+    assert_eq!(until(&mut p, "edgellm> ", T), "\r\nedgellm> ");
     p.send(b"\r");
     assert_eq!(until(&mut p, "edgellm> ", T), "\r\nedgellm> ");
     // Echo and Backspace, as a terminal sends them one key at a time.

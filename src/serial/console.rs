@@ -132,8 +132,7 @@ impl ConsoleCore {
         self.line.capacity()
     }
 
-    /// Writes a fresh prompt (what [`Core::on_reopen`] does; the driver does not call it at
-    /// the first open, so the technician presses Enter to see the prompt).
+    /// Writes a fresh prompt (what [`Core::on_open`] does each time the port opens).
     pub fn greet(&mut self, env: &mut dyn Env) {
         env.write(b"\r\n");
         env.write(PROMPT.as_bytes());
@@ -380,7 +379,7 @@ impl Core for ConsoleCore {
         }
     }
 
-    fn on_reopen(&mut self, env: &mut dyn Env) {
+    fn on_open(&mut self, env: &mut dyn Env) {
         self.clear_line();
         self.esc = Esc::None;
         self.utf8.clear();

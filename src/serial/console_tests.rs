@@ -314,7 +314,7 @@ fn a_reopened_port_gets_a_fresh_prompt_and_an_empty_line() {
     let (mut c, mut e) = (console(), MemEnv::default());
     c.on_bytes(b"half", &mut e);
     e.take();
-    c.on_reopen(&mut e);
+    c.on_open(&mut e);
     assert_eq!((e.take(), c.line()), (format!("\r\n{PROMPT}"), ""));
 }
 

@@ -67,8 +67,9 @@ pub trait Core: Send {
         None
     }
     fn on_tick(&mut self, _env: &mut dyn Env) {}
-    /// The port was opened again: a half-read line or frame is gone.
-    fn on_reopen(&mut self, _env: &mut dyn Env) {}
+    /// The port was opened (at start, or again after it went away): a half-read line or
+    /// frame is gone, and a console greets with its prompt.
+    fn on_open(&mut self, _env: &mut dyn Env) {}
 }
 
 /// An `Env` in memory for tests of the cores (and the fuzz targets of the reliability issue):

@@ -91,8 +91,8 @@ pub async fn run(
         }
         if opened_before {
             stats.counters.reopens.fetch_add(1, Ordering::Relaxed);
-            core.on_reopen(&mut env);
         }
+        core.on_open(&mut env);
         opened_before = true;
         last_error.clear();
         backoff = BACKOFF_MIN;

@@ -366,7 +366,7 @@ impl Core for LineCore {
         }
     }
 
-    fn on_reopen(&mut self, _env: &mut dyn Env) {
+    fn on_open(&mut self, _env: &mut dyn Env) {
         // A half-received line is gone with the old link; a running answer goes on and is
         // written to the port once it is back.
         self.buf.clear();

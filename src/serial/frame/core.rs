@@ -479,7 +479,7 @@ impl Core for FrameCore {
         }
     }
 
-    fn on_reopen(&mut self, _env: &mut dyn Env) {
+    fn on_open(&mut self, _env: &mut dyn Env) {
         self.dec.clear();
         self.rx_at = None;
     }

@@ -151,7 +151,7 @@ fn a_reopened_port_forgets_the_half_frame() {
     let (mut c, mut e) = (core(), env());
     let f = frame(1, kind::PING, b"");
     c.on_bytes(&f[..4], &mut e);
-    c.on_reopen(&mut e);
+    c.on_open(&mut e);
     c.on_bytes(&f, &mut e);
     assert_eq!(frames(&mut e), [(1, kind::PONG, vec![])]);
 }
