@@ -89,3 +89,40 @@ fn the_console_on_a_pty_edits_answers_commands_and_cancels_with_ctrl_c() {
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
 }
+
+#[test]
+fn a_megabyte_of_random_keys_leaves_memory_flat_and_the_console_answering() {
+    let mut p = Pty::open();
+    let m = model_arg(&common::model_path("q4_0"));
+    let spec = format!("{}:115200:console", p.path);
+    let args = ["-m", &m, "--mqtt", "off", "-c", "256", "--serial", &spec];
+    let mut d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
+    until(&mut p, "edgellm> ", T);
+    let pid = d.child.id();
+    let before = common::serial::rss_kib(pid);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut chunk = vec![0u8; 16 << 10];
+    for _ in 0..64 {
+        for b in chunk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // No Enter and no Ctrl-C: one endless line of keys, escapes and bad UTF-8.
+            *b = match x as u8 {
+                b'\r' | b'\n' | 0x03 => b'x',
+                v => v,
+            };
+        }
+        // Reading the echo meanwhile, or the pty fills and both ends wait.
+        p.pump(&chunk, T);
+    }
+    p.drain(Duration::from_millis(300));
+    // Ctrl-U clears whatever is left of the line; then a command works.
+    p.send(b"\x15status\r");
+    let s = until(&mut p, "edgellm> ", T);
+    assert!(s.contains("queue"), "{s:?}");
+    let after = common::serial::rss_kib(pid);
+    eprintln!("RSS {before} -> {after} KiB");
+    assert!(after < before + 512, "memory grew from {before} to {after} KiB");
+    d.terminate(Duration::from_secs(20));
+}

@@ -46,6 +46,39 @@ impl Pty {
         self.master.write_all(bytes).unwrap();
     }
 
+    /// Writes all of `bytes` while reading what comes back (kept for `line`/`drain`): for a
+    /// mode that echoes, a plain write of a megabyte would wait on a full pty forever.
+    pub fn pump(&mut self, mut bytes: &[u8], within: Duration) {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        use std::os::fd::AsRawFd;
+        let fd = self.master.as_raw_fd();
+        let old = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).unwrap());
+        fcntl(fd, FcntlArg::F_SETFL(old | OFlag::O_NONBLOCK)).unwrap();
+        let until = Instant::now() + within;
+        while !bytes.is_empty() {
+            assert!(Instant::now() < until, "{} bytes not taken in time", bytes.len());
+            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN | PollFlags::POLLOUT)];
+            let _ = poll(&mut fds, PollTimeout::from(100u16));
+            let ev = fds[0].revents().unwrap_or(PollFlags::empty());
+            if ev.contains(PollFlags::POLLIN) {
+                let mut buf = [0u8; 4096];
+                if let Ok(n) = self.master.read(&mut buf) {
+                    self.pending.extend_from_slice(&buf[..n]);
+                    // Only the end matters to a test that pumps a megabyte.
+                    if self.pending.len() > 1 << 16 {
+                        self.pending.drain(..self.pending.len() - 4096);
+                    }
+                }
+            }
+            if ev.contains(PollFlags::POLLOUT) {
+                if let Ok(n) = self.master.write(bytes) {
+                    bytes = &bytes[n..];
+                }
+            }
+        }
+        fcntl(fd, FcntlArg::F_SETFL(old)).unwrap();
+    }
+
     /// Reads what comes within `within` (all of it, until nothing more arrives for 200 ms
     /// after `want` bytes were seen).
     fn fill(&mut self, within: Duration) -> bool {
