@@ -8,4 +8,5 @@
 //! pure register map ([`modbus`]).
 
 pub mod core;
+pub mod modbus;
 pub mod stats;
