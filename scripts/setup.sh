@@ -4,6 +4,7 @@
 #   - the aarch64 cross toolchain: Debian's rustc-web (with the arm64 std), the cross linker, qemu-user
 #   - mosquitto and its clients (the broker and mosquitto_pub/sub/rr of the MQTT tests), and
 #     openssl (the TLS tests make their certificates with it)
+#   - socat (pty pairs) and mbpoll (a second, independent Modbus master) for the serial tests
 #   - g++ for aarch64: bench/build-llamacpp.sh cross-builds llama.cpp (C++) for the emulated comparison
 #   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
 set -euo pipefail
@@ -15,7 +16,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
 for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl unzip \
-         g++-aarch64-linux-gnu; do
+         g++-aarch64-linux-gnu socat mbpoll; do
     have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -91,6 +91,7 @@ fn the_example_file_parses_and_says_the_true_defaults() {
     assert_eq!(example.state, d.state);
     assert_eq!(example.mqtt, d.mqtt);
     assert_eq!(example.serial, d.serial);
+    assert_eq!(example.modbus, d.modbus);
     assert_eq!(example.limits, d.limits);
     assert_eq!(example.log, d.log);
 }

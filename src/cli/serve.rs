@@ -48,6 +48,9 @@ pub struct Args {
     /// Context length in tokens.
     #[arg(short = 'c', long)]
     ctx: Option<usize>,
+    /// Serve Modbus TCP on ADDR (`0.0.0.0:502`), as `modbus.tcp`.
+    #[arg(long, value_name = "ADDR")]
+    modbus_tcp: Option<std::net::SocketAddr>,
 }
 
 /// The default model: where `models/fetch.sh` puts it.
@@ -74,6 +77,9 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
         ctx: a.ctx,
     })
     .map_err(|e| e.to_string())?;
+    if let Some(addr) = a.modbus_tcp {
+        cfg.modbus.tcp = Some(addr);
+    }
     let model = cfg.model.path.clone().unwrap_or_else(default_model);
     if !model.is_file() {
         return Err(if cfg.model.path.is_none() {

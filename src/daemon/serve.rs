@@ -155,6 +155,8 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
                 )));
             }
         }
+        let modbus = super::modbus::start(&cfg, &handle, board.model_name(), &stop_rx)?;
+        tasks.extend(modbus.tasks);
         // The status follows the service: republished when the queue or the counters move.
         tasks.push(tokio::spawn(follow_status(
             Arc::clone(&board),

@@ -98,7 +98,10 @@ fn prompt_written_in_pieces_and_a_new_sequence_submit_one_request() {
     assert_eq!(req.sampling.temperature, 0.0);
     assert_eq!(req.sampling.seed, 0x5eed);
     assert!(req.session.is_none());
-    assert_eq!(m.read(STATUS, 3).unwrap(), vec![Status::Queued as u16, 0, 7]);
+    assert_eq!(
+        m.read(STATUS, 3).unwrap(),
+        vec![Status::Queued as u16, 0, 7]
+    );
 }
 
 #[test]
@@ -305,10 +308,18 @@ fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
     assert_eq!(m.read(65535, 1).unwrap_err(), a);
     assert_eq!(m.write(STATUS, &[1]).unwrap_err(), a, "read-only");
     assert_eq!(m.write(15, &[0, 1]).unwrap_err(), a, "straddles read-only");
-    assert_eq!(m.write(CANCEL, &[0, 0]).unwrap_err(), a, "past the control block");
+    assert_eq!(
+        m.write(CANCEL, &[0, 0]).unwrap_err(),
+        a,
+        "past the control block"
+    );
     assert_eq!(m.write(ANSWER_PAGE, &[1]).unwrap_err(), a);
     assert_eq!(m.write(PROMPT + 499, &[1, 2]).unwrap_err(), a);
-    assert_eq!(m.read(REQUEST_SEQ, 1).unwrap(), vec![0], "nothing was written");
+    assert_eq!(
+        m.read(REQUEST_SEQ, 1).unwrap(),
+        vec![0],
+        "nothing was written"
+    );
 }
 
 #[test]
@@ -369,7 +380,11 @@ fn device_identification_names_vendor_model_and_version() {
         ]
     );
     assert_eq!(m.device_id(4, 1).unwrap(), vec![(1, "tiny".to_string())]);
-    assert_eq!(m.device_id(2, 9).unwrap().len(), 3, "unknown start restarts at 0");
+    assert_eq!(
+        m.device_id(2, 9).unwrap().len(),
+        3,
+        "unknown start restarts at 0"
+    );
     assert_eq!(
         m.device_id(4, 9).unwrap_err(),
         Exception::IllegalDataAddress

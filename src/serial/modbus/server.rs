@@ -385,7 +385,10 @@ pub async fn serve_rtu(
                         Err(e) => e.to_string(),
                     };
                     tracing::warn!(port = %path.display(), error = %why, "Modbus port went away; reopening");
-                    stats.set_state(PortState::Reopening, Some(format!("{}: {why}", path.display())));
+                    stats.set_state(
+                        PortState::Reopening,
+                        Some(format!("{}: {why}", path.display())),
+                    );
                     drop(port);
                     tokio::select! {
                         _ = tokio::time::sleep(BACKOFF_MIN) => {}
@@ -402,7 +405,8 @@ pub async fn serve_rtu(
 /// Binds the Modbus TCP listener (before the daemon reports ready, so a taken port fails
 /// the start).
 pub fn bind_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
-    let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    let l =
+        std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
     l.set_nonblocking(true)
         .map_err(|source| ServeError::Bind { addr, source })?;
     Ok(l)
