@@ -694,3 +694,19 @@ fn debug_output_never_shows_the_password() {
     assert!(!dbg.contains("hunter2"), "{dbg}");
     assert!(dbg.contains("<redacted>"), "{dbg}");
 }
+
+#[test]
+fn the_modbus_section_takes_a_tcp_address_and_holds_the_unit_id_to_its_range() {
+    let c: Config = "[modbus]\ntcp = \"127.0.0.1:1502\"\nunit_id = 9\n"
+        .parse()
+        .unwrap();
+    assert_eq!(c.modbus.tcp, Some("127.0.0.1:1502".parse().unwrap()));
+    assert_eq!(c.modbus.unit_id, 9);
+    assert_eq!(Config::default().modbus.tcp, None);
+    let e = "[modbus]\nunit_id = 0\n".parse::<Config>().unwrap_err();
+    assert!(e.to_string().contains("modbus.unit_id"), "{e}");
+    let e = "[modbus]\ntcp = \"nowhere\"\n"
+        .parse::<Config>()
+        .unwrap_err();
+    assert!(e.to_string().contains("modbus.tcp"), "{e}");
+}

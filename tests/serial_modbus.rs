@@ -501,3 +501,42 @@ fn a_port_that_goes_away_and_comes_back_is_served_again() {
         d.log_text()
     );
 }
+
+#[test]
+fn a_taken_modbus_tcp_address_fails_the_start_and_says_why() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let m = model();
+    let mut d = Daemon::spawn(
+        &[
+            "--model",
+            &m,
+            "--mqtt",
+            "off",
+            "--ctx",
+            "512",
+            "-t",
+            "1",
+            "--modbus-tcp",
+            &addr,
+        ],
+        &[],
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the daemon started on a taken address"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let log = d.log_text();
+    assert!(
+        log.contains(&format!("Modbus TCP: cannot listen on {addr}")),
+        "{log}"
+    );
+}
