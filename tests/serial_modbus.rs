@@ -204,6 +204,18 @@ fn tokio_modbus_masters_over_rtu_and_tcp_read_back_what_edgellm_run_answers() {
         assert_eq!(names[0], "edgellm");
         assert!(names[1].contains("135"), "model name: {names:?}");
         assert_eq!(names[2], env!("CARGO_PKG_VERSION"));
+        // The heartbeat counts while the appliance works.
+        let before = op(tcp.read_input_registers(map::HEARTBEAT, 1))
+            .await
+            .unwrap()[0];
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+        let after = op(tcp.read_input_registers(map::HEARTBEAT, 1))
+            .await
+            .unwrap()[0];
+        assert!(
+            after.wrapping_sub(before) >= 1,
+            "heartbeat {before} then {after}"
+        );
     });
 }
 
