@@ -91,6 +91,7 @@ fn the_example_file_parses_and_says_the_true_defaults() {
     assert_eq!(example.state, d.state);
     assert_eq!(example.mqtt, d.mqtt);
     assert_eq!(example.serial, d.serial);
+    assert_eq!(example.modbus, d.modbus);
     assert_eq!(example.limits, d.limits);
     assert_eq!(example.log, d.log);
 }
@@ -732,4 +733,20 @@ fn a_serial_flag_is_read_from_the_right_so_paths_keep_their_colons() {
     );
     assert!(parse_serial("").is_err());
     assert!(parse_serial(":modbus").is_err());
+}
+
+#[test]
+fn the_modbus_section_takes_a_tcp_address_and_holds_the_unit_id_to_its_range() {
+    let c: Config = "[modbus]\ntcp = \"127.0.0.1:1502\"\nunit_id = 9\n"
+        .parse()
+        .unwrap();
+    assert_eq!(c.modbus.tcp, Some("127.0.0.1:1502".parse().unwrap()));
+    assert_eq!(c.modbus.unit_id, 9);
+    assert_eq!(Config::default().modbus.tcp, None);
+    let e = "[modbus]\nunit_id = 0\n".parse::<Config>().unwrap_err();
+    assert!(e.to_string().contains("modbus.unit_id"), "{e}");
+    let e = "[modbus]\ntcp = \"nowhere\"\n"
+        .parse::<Config>()
+        .unwrap_err();
+    assert!(e.to_string().contains("modbus.tcp"), "{e}");
 }

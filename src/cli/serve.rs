@@ -54,6 +54,9 @@ pub struct Args {
     /// `console`; repeat for more ports. Replaces the file's [[serial]] ports.
     #[arg(long, value_name = "PATH[:BAUD[:MODE]]")]
     serial: Vec<String>,
+    /// Serve Modbus TCP on ADDR (`0.0.0.0:502`), as `modbus.tcp`.
+    #[arg(long, value_name = "ADDR")]
+    modbus_tcp: Option<std::net::SocketAddr>,
 }
 
 /// The default model: where `models/fetch.sh` puts it.
@@ -81,6 +84,9 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
         serial: a.serial.clone(),
     })
     .map_err(|e| e.to_string())?;
+    if let Some(addr) = a.modbus_tcp {
+        cfg.modbus.tcp = Some(addr);
+    }
     let model = cfg.model.path.clone().unwrap_or_else(default_model);
     if !model.is_file() {
         return Err(if cfg.model.path.is_none() {

@@ -31,8 +31,8 @@ mod check;
 mod sections;
 
 pub use sections::{
-    LimitsConfig, LogConfig, ModelConfig, MqttConfig, Parity, Protocol, Secret, SerialConfig,
-    SerialFlow, SerialMode, StateConfig, TlsConfig,
+    LimitsConfig, LogConfig, ModbusTcpConfig, ModelConfig, MqttConfig, Parity, Protocol, Secret,
+    SerialConfig, SerialFlow, SerialMode, StateConfig, TlsConfig,
 };
 
 /// Largest configuration file read: anything bigger is not a configuration.
@@ -158,6 +158,7 @@ pub struct Config {
     pub state: StateConfig,
     pub mqtt: MqttConfig,
     pub serial: Vec<SerialConfig>,
+    pub modbus: ModbusTcpConfig,
     pub limits: LimitsConfig,
     pub log: LogConfig,
     /// The file it was loaded from.
@@ -357,6 +358,9 @@ impl Config {
         }
         if self.serial != other.serial {
             d.push("serial");
+        }
+        if self.modbus != other.modbus {
+            d.push("modbus");
         }
         // The store is opened once with it.
         if self.limits.max_sessions != other.limits.max_sessions {

@@ -8,6 +8,7 @@ pub mod config;
 #[cfg(feature = "embedded-broker")]
 mod embedded;
 mod hooks;
+mod modbus;
 pub mod notify;
 mod serial;
 pub mod serve;

@@ -96,7 +96,6 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         // Wakes the status publisher: the service and the serial ports call it on a change.
         let wake = Arc::new(tokio::sync::Notify::new());
         let ids = request_ids();
-        let w = Arc::clone(&wake);
         let serial_ctx = crate::serial::driver::Context {
             handle: handle.clone(),
             model: board.model_name().to_owned(),
@@ -104,11 +103,17 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             ids: Arc::clone(&ids),
             sessions: session_names(&cfg),
             log_tail: Arc::clone(&reload.log_tail),
-            changed: Arc::new(move || w.notify_one()),
         };
         let (serial_tasks, ports) = super::serial::start(&cfg, &serial_ctx, &stop_rx)?;
         tasks.extend(serial_tasks);
+        let modbus = super::modbus::start(&cfg, &handle, board.model_name(), &stop_rx)?;
+        tasks.extend(modbus.tasks);
         board.ports = ports;
+        board.ports.extend(modbus.ports);
+        for p in &board.ports {
+            let w = Arc::clone(&wake);
+            p.observe(Arc::new(move || w.notify_one()));
+        }
         let board = Arc::new(board);
         // After the ports are on the board: the first status shows them.
         let (status_tx, status_rx) = watch::channel(board.json(State::Online, &handle));

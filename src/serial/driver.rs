@@ -29,8 +29,6 @@ pub struct Context {
     pub sessions: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
     /// The daemon's last log lines.
     pub log_tail: Arc<dyn Fn(usize) -> Vec<String> + Send + Sync>,
-    /// Called when the port's state changes (the daemon republishes its status).
-    pub changed: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// One port to serve.
@@ -74,7 +72,6 @@ pub async fn run(
                     last_error.clone_from(&why);
                 }
                 stats.set_state(PortState::Reopening, Some(why));
-                (env.ctx.changed)();
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => {}
@@ -97,7 +94,6 @@ pub async fn run(
         last_error.clear();
         backoff = BACKOFF_MIN;
         stats.set_state(PortState::Open, None);
-        (env.ctx.changed)();
         tracing::info!(
             port = path,
             mode = stats.mode,
@@ -109,7 +105,6 @@ pub async fn run(
         };
         tracing::warn!(port = path, "serial port lost, reopening: {why}");
         stats.set_state(PortState::Reopening, Some(why));
-        (env.ctx.changed)();
     }
     // Stopping: the service's shutdown finishes or cancels the running answer.
     tracing::debug!(port = path, "serial port closed");

@@ -13,4 +13,5 @@ pub mod driver;
 pub mod frame;
 pub mod line;
 pub mod port;
+pub mod modbus;
 pub mod stats;

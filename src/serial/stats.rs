@@ -1,7 +1,7 @@
 //! A port's state and counters, shared between its driver and the daemon's status.
 
 use serde::Serialize;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a port is.
@@ -45,13 +45,16 @@ pub enum Count {
     Duplicate,
 }
 
+/// Called after a port's state changed (the daemon republishes its status).
+pub type Observer = Arc<dyn Fn() + Send + Sync>;
+
 /// One port's status: written by its driver, read by the status publisher.
-#[derive(Debug)]
 pub struct PortStats {
     pub path: String,
     pub mode: &'static str,
     state: Mutex<(PortState, Option<String>)>,
     pub counters: Counters,
+    observer: OnceLock<Observer>,
 }
 
 impl PortStats {
@@ -61,7 +64,13 @@ impl PortStats {
             mode,
             state: Mutex::new((PortState::Starting, None)),
             counters: Counters::default(),
+            observer: OnceLock::new(),
         }
+    }
+
+    /// Calls `f` after each change of state (once set, for good).
+    pub fn observe(&self, f: Observer) {
+        let _ = self.observer.set(f);
     }
 
     /// The port's state and its last error (kept after a reopen, until the next one).
@@ -74,6 +83,10 @@ impl PortStats {
         g.0 = s;
         if error.is_some() {
             g.1 = error;
+        }
+        drop(g);
+        if let Some(f) = self.observer.get() {
+            f();
         }
     }
 

@@ -53,6 +53,7 @@ impl Config {
                 ));
             }
         }
+        in_range("modbus.unit_id", self.modbus.unit_id, 1..=247)?;
         self.validate_limits()?;
         let level = &self.log.level;
         if level.trim().is_empty() {

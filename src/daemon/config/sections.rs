@@ -269,6 +269,25 @@ fn default_unit_id() -> u32 {
     1
 }
 
+/// `[modbus]`: the Modbus TCP server (the RTU ones are `[[serial]]` ports in mode `modbus`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModbusTcpConfig {
+    /// Listen here for Modbus TCP masters (`"0.0.0.0:502"`); none by default.
+    pub tcp: Option<std::net::SocketAddr>,
+    /// The unit id served over TCP (0xFF is served too).
+    pub unit_id: u32,
+}
+
+impl Default for ModbusTcpConfig {
+    fn default() -> Self {
+        ModbusTcpConfig {
+            tcp: None,
+            unit_id: default_unit_id(),
+        }
+    }
+}
+
 /// `[limits]`: the bounds every request is held to.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,0 +1,99 @@
+//! Starts the Modbus servers the configuration asks for: one RTU server per `[[serial]]`
+//! port in mode `modbus`, and the TCP server of `[modbus] tcp`.
+
+use super::config::{Config, Parity, SerialFlow, SerialMode};
+use super::serve::DaemonError;
+use crate::serial::modbus::server::{self, ModbusConfig, RtuSettings};
+use crate::serial::stats::PortStats;
+use crate::service::Handle;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_serial::{DataBits, FlowControl, StopBits};
+
+/// Most bytes of answer a mailbox keeps (a 512-token answer is a few KiB).
+const MAX_ANSWER_BYTES: usize = 64 << 10;
+
+/// The running Modbus servers: their tasks (they end once `stop` is true) and their ports'
+/// state and counters, for the status.
+pub struct Started {
+    pub tasks: Vec<JoinHandle<()>>,
+    pub ports: Vec<Arc<PortStats>>,
+}
+
+/// Spawns the servers on the current runtime. The TCP listener is bound here, so a taken
+/// address fails the start instead of a task later.
+pub fn start(
+    cfg: &Config,
+    handle: &Handle,
+    model_name: &str,
+    stop: &watch::Receiver<bool>,
+) -> Result<Started, DaemonError> {
+    let l = &cfg.limits;
+    let base = ModbusConfig {
+        unit_id: 1,
+        model_name: model_name.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        max_tokens: l.max_tokens,
+        timeout: Some(l.request_timeout()),
+        max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
+        max_answer_bytes: MAX_ANSWER_BYTES,
+    };
+    let mut out = Started {
+        tasks: Vec::new(),
+        ports: Vec::new(),
+    };
+    for s in cfg.serial.iter().filter(|s| s.mode == SerialMode::Modbus) {
+        let stats = Arc::new(PortStats::new(s.path.display().to_string(), "modbus"));
+        let settings = RtuSettings {
+            baud: s.baud,
+            // Modbus RTU is 8 data bits (the configuration's check holds it to that).
+            data_bits: DataBits::Eight,
+            parity: match s.parity {
+                Parity::None => tokio_serial::Parity::None,
+                Parity::Even => tokio_serial::Parity::Even,
+                Parity::Odd => tokio_serial::Parity::Odd,
+            },
+            stop_bits: if s.stop_bits == 2 {
+                StopBits::Two
+            } else {
+                StopBits::One
+            },
+            flow: match s.flow {
+                SerialFlow::None => FlowControl::None,
+                SerialFlow::RtsCts => FlowControl::Hardware,
+                SerialFlow::XonXoff => FlowControl::Software,
+            },
+        };
+        let mc = ModbusConfig {
+            unit_id: u8::try_from(s.unit_id).unwrap_or(1),
+            ..base.clone()
+        };
+        out.tasks.push(tokio::spawn(server::serve_rtu(
+            s.path.clone(),
+            settings,
+            mc,
+            handle.clone(),
+            Arc::clone(&stats),
+            stop.clone(),
+        )));
+        out.ports.push(stats);
+    }
+    if let Some(addr) = cfg.modbus.tcp {
+        let listener = server::bind_tcp(addr).map_err(|e| DaemonError::Config(e.to_string()))?;
+        let stats = Arc::new(PortStats::new(addr.to_string(), "modbus-tcp"));
+        let mc = ModbusConfig {
+            unit_id: u8::try_from(cfg.modbus.unit_id).unwrap_or(1),
+            ..base
+        };
+        out.tasks.push(tokio::spawn(server::serve_tcp_listener(
+            listener,
+            mc,
+            handle.clone(),
+            Arc::clone(&stats),
+            stop.clone(),
+        )));
+        out.ports.push(stats);
+    }
+    Ok(out)
+}

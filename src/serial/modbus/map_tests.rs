@@ -1,0 +1,399 @@
+use super::*;
+use crate::service::{Chunk, Done, FinishReason, Timings, Usage};
+
+fn cfg() -> MailboxConfig {
+    MailboxConfig {
+        max_prompt_bytes: 1000,
+        max_tokens: 64,
+        max_answer_bytes: 600,
+        id_prefix: "modbus-t".into(),
+        vendor: "edgellm".into(),
+        product: "tiny".into(),
+        version: "0.1.0".into(),
+    }
+}
+
+fn mailbox() -> Mailbox {
+    Mailbox::new(cfg())
+}
+
+/// Writes `prompt` and its length, then `seq`: the request it submits.
+fn ask(m: &mut Mailbox, prompt: &str, seq: u16) -> Request {
+    let regs = text_to_registers(prompt);
+    for (i, c) in regs.chunks(MAX_WRITE).enumerate() {
+        m.write(PROMPT + (i * MAX_WRITE) as u16, c).unwrap();
+    }
+    m.write(PROMPT_LEN, &[prompt.len() as u16]).unwrap();
+    match m.write(REQUEST_SEQ, &[seq]).unwrap() {
+        Written::Submit(r) => *r,
+        other => panic!("expected a submission, got {other:?}"),
+    }
+}
+
+fn done(id: &str, text: &str, why: FinishReason, tokens: usize) -> Event {
+    Event::Done(Box::new(Done {
+        id: id.into(),
+        text: text.into(),
+        finish_reason: why,
+        usage: Usage {
+            prompt_tokens: 3,
+            completion_tokens: tokens,
+            restored_tokens: 0,
+        },
+        timings: Timings::default(),
+        prompt_ids: vec![],
+        generated_ids: vec![],
+        top_logits: vec![],
+        truncated_tokens: 0,
+        session: None,
+    }))
+}
+
+fn text(s: &str) -> Event {
+    Event::Text(Chunk::try_from(s).unwrap())
+}
+
+fn answer(m: &Mailbox) -> String {
+    let len = m.read(ANSWER_LEN, 2).unwrap();
+    let len = ((len[0] as usize) << 16) | len[1] as usize;
+    let mut m2 = Vec::new();
+    let pages = m.read(PAGE_COUNT, 1).unwrap()[0];
+    // Pages are read through FC23 on a clone of the state: select and read in one go.
+    let mut probe = m.clone();
+    for p in 0..pages {
+        let (_, regs) = probe
+            .read_write(ANSWER_PAGE, PAGE_REGS, PAGE_SELECT, &[p])
+            .unwrap();
+        m2.extend(registers_to_bytes(&regs));
+    }
+    m2.truncate(len);
+    String::from_utf8(m2).unwrap()
+}
+
+#[test]
+fn a_fresh_mailbox_is_idle_and_describes_itself() {
+    let m = mailbox();
+    let r = m.read(0, 16).unwrap();
+    assert_eq!(r[STATUS as usize], Status::Idle as u16);
+    assert_eq!(r[MAP_VERSION as usize], VERSION);
+    assert_eq!(r[PROMPT_CAPACITY as usize], 1000);
+    assert_eq!(r[MAX_TOKENS_LIMIT as usize], 64);
+    assert_eq!(m.read(SEED, 2).unwrap(), vec![0, 0x5eed]);
+}
+
+#[test]
+fn prompt_written_in_pieces_and_a_new_sequence_submit_one_request() {
+    let mut m = mailbox();
+    let prompt = "The boiling point of water is ".repeat(9); // 270 bytes: three writes
+    let req = ask(&mut m, &prompt, 7);
+    match &req.prompt {
+        Prompt::Text { text, special } => {
+            assert_eq!(text, &prompt);
+            assert!(!special);
+        }
+        p => panic!("expected raw text, got {p:?}"),
+    }
+    assert_eq!(req.id, "modbus-t-1");
+    assert_eq!(req.max_tokens, 64, "MAX_TOKENS 0 means the limit");
+    assert_eq!(req.sampling.temperature, 0.0);
+    assert_eq!(req.sampling.seed, 0x5eed);
+    assert!(req.session.is_none());
+    assert_eq!(
+        m.read(STATUS, 3).unwrap(),
+        vec![Status::Queued as u16, 0, 7]
+    );
+}
+
+#[test]
+fn parameters_registers_shape_the_request() {
+    let mut m = mailbox();
+    m.write(MAX_TOKENS, &[12, 80, 0x0001, 0x0002, 42, 1])
+        .unwrap();
+    let req = ask(&mut m, "hi", 1);
+    assert_eq!(req.max_tokens, 12);
+    assert!((req.sampling.temperature - 0.8).abs() < 1e-6);
+    assert_eq!(req.sampling.seed, 0x0001_0002);
+    assert_eq!(req.session.as_ref().unwrap().as_str(), "modbus-42");
+    assert!(matches!(&req.prompt, Prompt::Chat(msgs) if msgs[0].content == "hi"));
+}
+
+#[test]
+fn a_zero_length_means_up_to_the_first_nul() {
+    let mut m = mailbox();
+    m.write(PROMPT, &text_to_registers("abc\0\0zz")).unwrap();
+    let req = match m.write(REQUEST_SEQ, &[1]).unwrap() {
+        Written::Submit(r) => r,
+        w => panic!("{w:?}"),
+    };
+    assert!(matches!(&req.prompt, Prompt::Text { text, .. } if text == "abc"));
+}
+
+#[test]
+fn the_sequence_register_written_last_in_one_write_submits_after_the_rest_is_kept() {
+    let mut m = mailbox();
+    m.write(PROMPT, &text_to_registers("hello")).unwrap();
+    // FC16 at 16: seq first in address order, but the request sees the length written with it.
+    let w = m.write(REQUEST_SEQ, &[3, 5, 9]).unwrap();
+    let Written::Submit(req) = w else {
+        panic!("{w:?}")
+    };
+    assert!(matches!(&req.prompt, Prompt::Text { text, .. } if text == "hello"));
+    assert_eq!(req.max_tokens, 9);
+}
+
+#[test]
+fn the_same_sequence_written_again_is_a_duplicate_and_submits_nothing() {
+    let mut m = mailbox();
+    let req = ask(&mut m, "hi", 5);
+    assert!(matches!(m.write(REQUEST_SEQ, &[5]), Ok(Written::Duplicate)));
+    m.on_event(&req.id, done(&req.id, "x", FinishReason::Eog, 1));
+    assert!(matches!(m.write(REQUEST_SEQ, &[5]), Ok(Written::Duplicate)));
+    assert!(matches!(m.write(REQUEST_SEQ, &[6]), Ok(Written::Submit(_))));
+}
+
+#[test]
+fn a_new_sequence_while_a_request_runs_is_busy_and_changes_nothing() {
+    let mut m = mailbox();
+    let req = ask(&mut m, "hi", 1);
+    assert_eq!(
+        m.write(REQUEST_SEQ, &[2, 0, 3]).unwrap_err(),
+        Exception::ServerDeviceBusy
+    );
+    assert_eq!(m.read(REQUEST_SEQ, 3).unwrap(), vec![1, 2, 0]);
+    assert_eq!(m.current(), Some(req.id.as_str()));
+}
+
+#[test]
+fn status_follows_the_request_from_queued_to_running_to_done() {
+    let mut m = mailbox();
+    let req = ask(&mut m, "hi", 9);
+    m.started(&req.id);
+    assert_eq!(m.read(STATUS, 1).unwrap()[0], Status::Running as u16);
+    assert!(m.on_event(&req.id, text("Hel")));
+    assert!(m.on_event(&req.id, text("lo")));
+    assert_eq!(answer(&m), "Hello");
+    assert!(m.on_event(&req.id, done(&req.id, "Hello", FinishReason::Length, 2)));
+    let r = m.read(0, 10).unwrap();
+    assert_eq!(r[STATUS as usize], Status::Done as u16);
+    assert_eq!(r[RESPONSE_SEQ as usize], 9);
+    assert_eq!(r[FINISH_REASON as usize], 2);
+    assert_eq!(r[TOKENS as usize], 2);
+    assert_eq!(&r[4..6], &[0, 5]);
+    assert_eq!(m.current(), None);
+}
+
+#[test]
+fn a_service_error_shows_as_status_error_with_its_code() {
+    let mut m = mailbox();
+    let req = ask(&mut m, "hi", 1);
+    m.on_event(
+        &req.id,
+        Event::Error(ServiceError::new(ErrorCode::ContextFull, "full")),
+    );
+    assert_eq!(m.read(STATUS, 2).unwrap(), vec![Status::Error as u16, 3]);
+    assert!(matches!(m.write(REQUEST_SEQ, &[2]), Ok(Written::Submit(_))));
+}
+
+#[test]
+fn a_full_queue_is_a_busy_exception_and_the_same_sequence_may_retry() {
+    let mut m = mailbox();
+    ask(&mut m, "hi", 4);
+    let e = ServiceError::new(ErrorCode::Busy, "queue full");
+    assert_eq!(m.refused(&e), Some(Exception::ServerDeviceBusy));
+    assert_eq!(m.read(STATUS, 2).unwrap(), vec![Status::Error as u16, 4]);
+    assert!(matches!(m.write(REQUEST_SEQ, &[4]), Ok(Written::Submit(_))));
+    let e = ServiceError::new(ErrorCode::BadRequest, "no sessions");
+    assert_eq!(m.refused(&e), None);
+    assert_eq!(m.read(STATUS, 2).unwrap(), vec![Status::Error as u16, 1]);
+}
+
+#[test]
+fn events_of_an_old_request_are_refused_and_do_not_touch_the_answer() {
+    let mut m = mailbox();
+    let old = ask(&mut m, "hi", 1);
+    m.on_event(&old.id, done(&old.id, "first", FinishReason::Eog, 1));
+    let new = ask(&mut m, "hi", 2);
+    assert!(!m.on_event(&old.id, text("stale")));
+    assert_eq!(answer(&m), "");
+    assert_ne!(old.id, new.id);
+}
+
+#[test]
+fn a_new_request_clears_the_old_answer_and_its_page() {
+    let mut m = mailbox();
+    let r = ask(&mut m, "hi", 1);
+    m.on_event(&r.id, done(&r.id, &"a".repeat(300), FinishReason::Eog, 1));
+    m.write(PAGE_SELECT, &[1]).unwrap();
+    ask(&mut m, "hi", 2);
+    assert_eq!(m.read(ANSWER_LEN, 4).unwrap(), vec![0, 0, 0, 0]);
+}
+
+#[test]
+fn pages_hold_250_bytes_each_nul_padded_and_page_select_past_the_answer_is_refused() {
+    let mut m = mailbox();
+    let r = ask(&mut m, "hi", 1);
+    let long: String = (0..520).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    m.on_event(&r.id, done(&r.id, &long, FinishReason::Eog, 100));
+    assert_eq!(m.read(PAGE_COUNT, 1).unwrap(), vec![3]);
+    m.write(PAGE_SELECT, &[2]).unwrap();
+    assert_eq!(m.read(PAGE_SHOWN, 1).unwrap(), vec![2]);
+    let last = registers_to_bytes(&m.read(ANSWER_PAGE, PAGE_REGS).unwrap());
+    assert_eq!(&last[..20], &long.as_bytes()[500..]);
+    assert!(last[20..].iter().all(|&b| b == 0));
+    assert_eq!(
+        m.write(PAGE_SELECT, &[3]).unwrap_err(),
+        Exception::IllegalDataValue
+    );
+    assert_eq!(answer(&m), long);
+}
+
+#[test]
+fn fc23_selects_the_page_and_reads_it_in_one_transaction() {
+    let mut m = mailbox();
+    let r = ask(&mut m, "hi", 1);
+    let long = format!("{}{}", "x".repeat(250), "yz");
+    m.on_event(&r.id, done(&r.id, &long, FinishReason::Eog, 1));
+    let (w, regs) = m.read_write(ANSWER_PAGE, 1, PAGE_SELECT, &[1]).unwrap();
+    assert!(matches!(w, Written::Stored));
+    assert_eq!(regs, vec![u16::from_be_bytes(*b"yz")]);
+}
+
+#[test]
+fn an_answer_over_its_bound_is_cut_on_a_character_and_ends_as_length() {
+    let mut m = mailbox();
+    let r = ask(&mut m, "hi", 1);
+    let mut more = true;
+    for _ in 0..400 {
+        more = m.on_event(&r.id, text("é"));
+        if !more {
+            break;
+        }
+    }
+    assert!(!more, "the worker is told to stop");
+    let a = answer(&m);
+    assert_eq!(a.len(), 600);
+    assert!(a.chars().all(|c| c == 'é'));
+    assert_eq!(m.read(STATUS, 1).unwrap()[0], Status::Done as u16);
+    assert_eq!(m.read(FINISH_REASON, 1).unwrap()[0], 2);
+}
+
+#[test]
+fn the_heartbeat_counts_seconds_and_wraps() {
+    let mut m = mailbox();
+    m.tick();
+    m.tick();
+    assert_eq!(m.read(HEARTBEAT, 1).unwrap(), vec![2]);
+    m.heartbeat = u16::MAX;
+    m.tick();
+    assert_eq!(m.read(HEARTBEAT, 1).unwrap(), vec![0]);
+}
+
+#[test]
+fn cancel_is_reported_and_reads_zero() {
+    let mut m = mailbox();
+    ask(&mut m, "hi", 1);
+    assert!(matches!(m.write(CANCEL, &[1]), Ok(Written::Cancel)));
+    assert!(matches!(m.write(CANCEL, &[0]), Ok(Written::Stored)));
+    assert_eq!(m.read(CANCEL, 1).unwrap(), vec![0]);
+}
+
+#[test]
+fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
+    let mut m = mailbox();
+    let a = Exception::IllegalDataAddress;
+    assert_eq!(m.read(150, 10).unwrap_err(), a, "past the answer window");
+    assert_eq!(m.read(200, 1).unwrap_err(), a, "the gap");
+    assert_eq!(m.read(PROMPT + 500, 1).unwrap_err(), a, "past the prompt");
+    assert_eq!(m.read(PROMPT + 499, 1).unwrap(), vec![0]);
+    assert_eq!(m.read(65535, 1).unwrap_err(), a);
+    assert_eq!(m.write(STATUS, &[1]).unwrap_err(), a, "read-only");
+    assert_eq!(m.write(15, &[0, 1]).unwrap_err(), a, "straddles read-only");
+    assert_eq!(
+        m.write(CANCEL, &[0, 0]).unwrap_err(),
+        a,
+        "past the control block"
+    );
+    assert_eq!(m.write(ANSWER_PAGE, &[1]).unwrap_err(), a);
+    assert_eq!(m.write(PROMPT + 499, &[1, 2]).unwrap_err(), a);
+    assert_eq!(
+        m.read(REQUEST_SEQ, 1).unwrap(),
+        vec![0],
+        "nothing was written"
+    );
+}
+
+#[test]
+fn quantities_and_values_out_of_range_are_illegal_data_values() {
+    let mut m = mailbox();
+    let v = Exception::IllegalDataValue;
+    assert_eq!(m.read(0, 0).unwrap_err(), v);
+    assert_eq!(m.read(PROMPT, 126).unwrap_err(), v);
+    assert_eq!(m.write(PROMPT, &[0; 124]).unwrap_err(), v);
+    assert!(m.write(PROMPT, &[0; 123]).is_ok());
+    assert_eq!(m.write(PROMPT, &[]).unwrap_err(), v);
+    assert_eq!(m.read_write(0, 1, PROMPT, &[0; 122]).unwrap_err(), v);
+    assert_eq!(m.write(PROMPT_LEN, &[1001]).unwrap_err(), v);
+    assert_eq!(m.write(MAX_TOKENS, &[65]).unwrap_err(), v);
+    assert_eq!(m.write(TEMPERATURE, &[201]).unwrap_err(), v);
+    assert_eq!(m.write(SESSION, &[10000]).unwrap_err(), v);
+    assert_eq!(m.write(MODE, &[2]).unwrap_err(), v);
+    assert_eq!(m.write(PAGE_SELECT, &[1]).unwrap_err(), v);
+    // One bad value refuses the whole write.
+    assert_eq!(m.write(PROMPT_LEN, &[4, 65]).unwrap_err(), v);
+    assert_eq!(m.read(PROMPT_LEN, 1).unwrap(), vec![0]);
+}
+
+#[test]
+fn an_empty_or_invalid_utf8_prompt_is_refused_and_changes_nothing() {
+    let mut m = mailbox();
+    let v = Exception::IllegalDataValue;
+    assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v, "empty");
+    m.write(PROMPT, &[0xC328]).unwrap(); // 0xC3 then '(' : not UTF-8
+    m.write(PROMPT_LEN, &[2]).unwrap();
+    assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v);
+    assert_eq!(m.read(STATUS, 3).unwrap(), vec![0, 0, 0]);
+    assert_eq!(m.read(REQUEST_SEQ, 1).unwrap(), vec![0]);
+}
+
+#[test]
+fn a_refused_fc23_read_writes_nothing() {
+    let mut m = mailbox();
+    let r = ask(&mut m, "hi", 1);
+    m.on_event(&r.id, done(&r.id, &"a".repeat(300), FinishReason::Eog, 1));
+    assert_eq!(
+        m.read_write(200, 1, PAGE_SELECT, &[1]).unwrap_err(),
+        Exception::IllegalDataAddress
+    );
+    assert_eq!(m.read(PAGE_SELECT, 1).unwrap(), vec![0]);
+}
+
+#[test]
+fn device_identification_names_vendor_model_and_version() {
+    let m = mailbox();
+    let all = m.device_id(1, 0).unwrap();
+    assert_eq!(
+        all,
+        vec![
+            (0, "edgellm".to_string()),
+            (1, "tiny".to_string()),
+            (2, "0.1.0".to_string())
+        ]
+    );
+    assert_eq!(m.device_id(4, 1).unwrap(), vec![(1, "tiny".to_string())]);
+    assert_eq!(
+        m.device_id(2, 9).unwrap().len(),
+        3,
+        "unknown start restarts at 0"
+    );
+    assert_eq!(
+        m.device_id(4, 9).unwrap_err(),
+        Exception::IllegalDataAddress
+    );
+}
+
+#[test]
+fn text_and_registers_round_trip_high_byte_first() {
+    assert_eq!(text_to_registers("AB C"), vec![0x4142, 0x2043]);
+    assert_eq!(text_to_registers("xyz"), vec![0x7879, 0x7a00]);
+    assert_eq!(registers_to_bytes(&[0x4142]), b"AB");
+}

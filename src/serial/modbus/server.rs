@@ -1,0 +1,477 @@
+//! The Modbus servers: tokio-modbus over a serial port (RTU) and over TCP, both around one
+//! [`Mailbox`] each, both feeding the service.
+//!
+//! The service's events reach the mailbox through a [`Sink`] that locks it (a `std` mutex:
+//! the worker thread holds it for one small update, the runtime for one register access).
+//!
+//! Unit ids. RTU: only requests for the configured unit id are answered; any other (the
+//! broadcast address 0 included: a broadcast must not trigger a prompt on every appliance of a
+//! bus) gets no reply at all, so other slaves can share the RS-485 bus. TCP: the configured
+//! unit id and 0xFF (the "unit not used" value of the Modbus TCP guide) are served; any other
+//! is answered with exception 0x0B (gateway target device failed to respond), so a
+//! misconfigured master sees at once what is wrong instead of timing out.
+//!
+//! The RTU port is held for the life of the loop and reopened when it goes away (250 ms
+//! doubling to 5 s between tries). tokio-modbus ends its server on a frame it cannot decode
+//! (after dropping 20 bytes of garbage in a row); the loop then starts a new server on a
+//! duplicate of the same descriptor, so line noise never costs a reopen.
+
+use super::map::{Exception, Mailbox, MailboxConfig, Written};
+use crate::serial::stats::{Count, PortState, PortStats};
+use crate::service::worker::Sink;
+use crate::service::{Event, Handle, Ticket};
+use std::future::{Ready, ready};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::watch;
+use tokio_modbus::prelude::{
+    ConformityLevel, DeviceIdObject, ReadCode, ReadDeviceIdentificationResponse,
+};
+use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
+use tokio_serial::{DataBits, FlowControl, Parity, SerialStream, StopBits};
+
+/// What a Modbus server is: its unit id, how it names itself, and the bounds of a request.
+#[derive(Clone, Debug)]
+pub struct ModbusConfig {
+    /// The slave address (1–247).
+    pub unit_id: u8,
+    /// The model, as FC43/14's product code names it.
+    pub model_name: String,
+    /// The appliance's version, FC43/14's revision.
+    pub version: String,
+    /// Most tokens a request may ask for (and what `MAX_TOKENS` = 0 means).
+    pub max_tokens: usize,
+    /// A request is answered `timeout` once this passes.
+    pub timeout: Option<Duration>,
+    /// Most bytes of prompt (at most 65534).
+    pub max_prompt_bytes: usize,
+    /// Most bytes of answer kept.
+    pub max_answer_bytes: usize,
+}
+
+/// How to set up an RTU line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtuSettings {
+    pub baud: u32,
+    pub data_bits: DataBits,
+    pub parity: Parity,
+    pub stop_bits: StopBits,
+    pub flow: FlowControl,
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("Modbus TCP: cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// How long the RTU loop waits before trying a port again: doubled on each failure.
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The heartbeat stops counting when the worker has made no progress for this long.
+const STALLED: Duration = Duration::from_secs(10);
+
+/// A mailbox and what its requests need, shared by its server's calls and its sinks.
+struct Shared {
+    map: Arc<Mutex<Mailbox>>,
+    handle: Handle,
+    stats: Arc<PortStats>,
+    ticket: Mutex<Option<Ticket>>,
+    timeout: Option<Duration>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every mutation of a mailbox is one call that leaves it consistent: serve on after a
+    // panic rather than stop answering the PLC.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn new(cfg: &ModbusConfig, handle: Handle, stats: Arc<PortStats>) -> Arc<Shared> {
+        // Unique across restarts: the boot time in seconds and a counter.
+        let boot = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let map = Mailbox::new(MailboxConfig {
+            max_prompt_bytes: cfg.max_prompt_bytes,
+            max_tokens: cfg.max_tokens,
+            max_answer_bytes: cfg.max_answer_bytes,
+            id_prefix: format!("modbus-{boot:x}"),
+            vendor: "edgellm".into(),
+            product: cfg.model_name.clone(),
+            version: cfg.version.clone(),
+        });
+        Arc::new(Shared {
+            map: Arc::new(Mutex::new(map)),
+            handle,
+            stats,
+            ticket: Mutex::new(None),
+            timeout: cfg.timeout,
+        })
+    }
+
+    /// Counts the heartbeat every second while the worker is not stuck, until `stop`.
+    async fn heartbeat(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stopped(&mut stop) => return,
+            }
+            if self.handle.stalled_for() < STALLED {
+                lock(&self.map).tick();
+            }
+        }
+    }
+
+    /// One PDU for this mailbox; `source` names the master.
+    fn call(&self, req: Request<'_>, source: &str) -> Result<Option<Response>, Exception> {
+        let mut map = lock(&self.map);
+        if let Some(id) = map.current().map(str::to_owned)
+            && self.handle.running().as_deref() == Some(id.as_str())
+        {
+            map.started(&id);
+        }
+        let r = match req {
+            Request::ReadHoldingRegisters(a, n) => Response::ReadHoldingRegisters(map.read(a, n)?),
+            Request::ReadInputRegisters(a, n) => Response::ReadInputRegisters(map.read(a, n)?),
+            Request::WriteSingleRegister(a, v) => {
+                let w = map.write(a, &[v])?;
+                self.act(&mut map, w, source)?;
+                Response::WriteSingleRegister(a, v)
+            }
+            Request::WriteMultipleRegisters(a, vs) => {
+                let w = map.write(a, &vs)?;
+                self.act(&mut map, w, source)?;
+                Response::WriteMultipleRegisters(a, vs.len() as u16)
+            }
+            Request::ReadWriteMultipleRegisters(ra, n, wa, vs) => {
+                let (w, regs) = map.read_write(ra, n, wa, &vs)?;
+                self.act(&mut map, w, source)?;
+                Response::ReadWriteMultipleRegisters(regs)
+            }
+            Request::ReadDeviceIdentification(code, object) => {
+                let raw = match code {
+                    ReadCode::Basic => 1,
+                    ReadCode::Regular => 2,
+                    ReadCode::Extended => 3,
+                    ReadCode::Specific => 4,
+                };
+                let objects = map.device_id(raw, object)?;
+                Response::ReadDeviceIdentification(ReadDeviceIdentificationResponse {
+                    read_code: code,
+                    conformity_level: ConformityLevel::BasicIdentification,
+                    more_follows: false,
+                    next_object_id: 0,
+                    device_id_objects: objects
+                        .into_iter()
+                        .map(|(id, v)| DeviceIdObject {
+                            id,
+                            value: bytes::Bytes::from(v.into_bytes()),
+                        })
+                        .collect(),
+                })
+            }
+            _ => return Err(Exception::IllegalFunction),
+        };
+        Ok(Some(r))
+    }
+
+    /// Does what a write asked beyond its registers: submit, cancel, count.
+    fn act(&self, map: &mut Mailbox, w: Written, source: &str) -> Result<(), Exception> {
+        match w {
+            Written::Stored => Ok(()),
+            Written::Duplicate => {
+                self.stats.bump(Count::Duplicate);
+                Ok(())
+            }
+            Written::Cancel => {
+                // The ticket only raises a flag: safe on the runtime thread.
+                if let Some(t) = lock(&self.ticket).as_ref() {
+                    t.cancel();
+                }
+                Ok(())
+            }
+            Written::Submit(req) => {
+                let mut req = *req;
+                req.source = source.to_owned();
+                req.deadline = self.timeout.map(|t| Instant::now() + t);
+                let sink = MapSink {
+                    map: Arc::clone(&self.map),
+                    id: req.id.clone(),
+                };
+                tracing::info!(id = %req.id, source, "Modbus request");
+                self.stats.bump(Count::Requests);
+                match self.handle.submit(req, Box::new(sink)) {
+                    Ok(t) => {
+                        *lock(&self.ticket) = Some(t);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        tracing::warn!(source, error = %e, "Modbus request refused");
+                        map.refused(&e).map_or(Ok(()), Err)
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a request's events go: into its mailbox, if it is still the mailbox's request.
+struct MapSink {
+    map: Arc<Mutex<Mailbox>>,
+    id: String,
+}
+
+impl Sink for MapSink {
+    fn send(&mut self, ev: Event) -> bool {
+        lock(&self.map).on_event(&self.id, ev)
+    }
+}
+
+fn exception_code(e: Exception) -> ExceptionCode {
+    match e {
+        Exception::IllegalFunction => ExceptionCode::IllegalFunction,
+        Exception::IllegalDataAddress => ExceptionCode::IllegalDataAddress,
+        Exception::IllegalDataValue => ExceptionCode::IllegalDataValue,
+        Exception::ServerDeviceBusy => ExceptionCode::ServerDeviceBusy,
+    }
+}
+
+/// Which unit ids a transport serves, and what others get.
+#[derive(Clone, Copy)]
+enum Units {
+    /// RTU: this one; others get silence.
+    Rtu(u8),
+    /// TCP: this one and 0xFF; others get exception 0x0B.
+    Tcp(u8),
+}
+
+/// The tokio-modbus service of one connection (RTU: the port; TCP: one master).
+struct Service {
+    shared: Arc<Shared>,
+    units: Units,
+    source: String,
+}
+
+impl tokio_modbus::server::Service for Service {
+    type Request = SlaveRequest<'static>;
+    type Response = Option<Response>;
+    type Exception = ExceptionCode;
+    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
+
+    fn call(&self, req: SlaveRequest<'static>) -> Self::Future {
+        let ours = match self.units {
+            Units::Rtu(u) => req.slave == u,
+            Units::Tcp(u) => req.slave == u || req.slave == 0xFF,
+        };
+        if !ours {
+            return ready(match self.units {
+                Units::Rtu(_) => Ok(None),
+                Units::Tcp(_) => Err(ExceptionCode::GatewayTargetDevice),
+            });
+        }
+        let r = self.shared.call(req.request, &self.source);
+        if r.is_err() {
+            self.shared.stats.bump(Count::BadInput);
+        }
+        ready(r.map_err(exception_code))
+    }
+}
+
+/// Resolves once `stop` is true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+fn open(path: &Path, s: &RtuSettings) -> Result<serialport::TTYPort, tokio_serial::Error> {
+    let b = tokio_serial::new(path.to_string_lossy(), s.baud)
+        .data_bits(s.data_bits)
+        .parity(s.parity)
+        .stop_bits(s.stop_bits)
+        .flow_control(s.flow);
+    serialport::TTYPort::open(&b)
+}
+
+/// Serves Modbus RTU on the serial port at `path` until `stop`, reopening it whenever it goes
+/// away or cannot be opened. Its state and counters go to `stats`.
+pub async fn serve_rtu(
+    path: PathBuf,
+    settings: RtuSettings,
+    cfg: ModbusConfig,
+    handle: Handle,
+    stats: Arc<PortStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
+    let beat = tokio::spawn(Arc::clone(&shared).heartbeat(stop.clone()));
+    let source = format!("modbus:{}", path.display());
+    let mut backoff = BACKOFF_MIN;
+    let mut opened_before = false;
+    'reopen: loop {
+        let port = match open(&path, &settings) {
+            Ok(p) => p,
+            Err(e) => {
+                let why = format!("{}: {e}", path.display());
+                if stats.state().1.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(port = %path.display(), error = %e, "cannot open the Modbus port; retrying");
+                }
+                stats.set_state(PortState::Reopening, Some(why));
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopped(&mut stop) => break,
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        if opened_before {
+            stats.counters.reopens.fetch_add(1, Ordering::Relaxed);
+        }
+        opened_before = true;
+        backoff = BACKOFF_MIN;
+        stats.set_state(PortState::Open, None);
+        tracing::info!(port = %path.display(), unit = cfg.unit_id, "Modbus RTU serving");
+        // One server per run of good frames; a frame tokio-modbus cannot decode ends it, and
+        // the next one starts on a duplicate of the same descriptor.
+        loop {
+            let stream = match port
+                .try_clone_native()
+                .map_err(std::io::Error::from)
+                .and_then(|p| SerialStream::try_from(p).map_err(std::io::Error::from))
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    stats.set_state(PortState::Reopening, Some(e.to_string()));
+                    drop(port);
+                    tokio::select! {
+                        _ = tokio::time::sleep(BACKOFF_MIN) => {}
+                        _ = stopped(&mut stop) => break 'reopen,
+                    }
+                    continue 'reopen;
+                }
+            };
+            let service = Service {
+                shared: Arc::clone(&shared),
+                units: Units::Rtu(cfg.unit_id),
+                source: source.clone(),
+            };
+            let served = tokio_modbus::server::rtu::Server::new(stream);
+            let r = tokio::select! {
+                r = served.serve_forever(service) => r,
+                _ = stopped(&mut stop) => break 'reopen,
+            };
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    stats.bump(Count::BadInput);
+                    tracing::debug!(port = %path.display(), error = %e, "Modbus RTU: garbage on the line");
+                }
+                r => {
+                    let why = match r {
+                        Ok(()) => "the port closed".to_owned(),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::warn!(port = %path.display(), error = %why, "Modbus port went away; reopening");
+                    stats.set_state(
+                        PortState::Reopening,
+                        Some(format!("{}: {why}", path.display())),
+                    );
+                    drop(port);
+                    tokio::select! {
+                        _ = tokio::time::sleep(BACKOFF_MIN) => {}
+                        _ = stopped(&mut stop) => break 'reopen,
+                    }
+                    continue 'reopen;
+                }
+            }
+        }
+    }
+    beat.abort();
+}
+
+/// Binds the Modbus TCP listener (before the daemon reports ready, so a taken port fails
+/// the start).
+pub fn bind_tcp(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
+    let l =
+        std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    l.set_nonblocking(true)
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    Ok(l)
+}
+
+/// Serves Modbus TCP on `addr` until `stop`: binds, then [`serve_tcp_listener`].
+pub async fn serve_tcp(
+    addr: SocketAddr,
+    cfg: ModbusConfig,
+    handle: Handle,
+    stats: Arc<PortStats>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    let l = bind_tcp(addr)?;
+    serve_tcp_listener(l, cfg, handle, stats, stop).await;
+    Ok(())
+}
+
+/// Serves Modbus TCP on a bound listener until `stop`. All connections share one mailbox: a
+/// PLC that reconnects between its writes finds its prompt where it left it.
+pub async fn serve_tcp_listener(
+    listener: std::net::TcpListener,
+    cfg: ModbusConfig,
+    handle: Handle,
+    stats: Arc<PortStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
+    let beat = tokio::spawn(Arc::clone(&shared).heartbeat(stop.clone()));
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            stats.set_state(PortState::Reopening, Some(e.to_string()));
+            tracing::error!(error = %e, "Modbus TCP: cannot use the listener");
+            beat.abort();
+            return;
+        }
+    };
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(addr = %a, unit = cfg.unit_id, "Modbus TCP serving");
+    }
+    stats.set_state(PortState::Open, None);
+    let server = tokio_modbus::server::tcp::Server::new(listener);
+    let unit = cfg.unit_id;
+    let on_connected = |stream, peer: SocketAddr| {
+        let shared = Arc::clone(&shared);
+        async move {
+            tokio_modbus::server::tcp::accept_tcp_connection(stream, peer, |peer| {
+                Ok(Some(Service {
+                    shared: Arc::clone(&shared),
+                    units: Units::Tcp(unit),
+                    source: format!("modbus:{peer}"),
+                }))
+            })
+        }
+    };
+    let on_error = |e: std::io::Error| tracing::debug!(error = %e, "Modbus TCP connection ended");
+    tokio::select! {
+        r = server.serve(&on_connected, on_error) => {
+            if let Err(e) = r {
+                stats.set_state(PortState::Reopening, Some(e.to_string()));
+                tracing::error!(error = %e, "Modbus TCP listener failed");
+            }
+        }
+        _ = stopped(&mut stop) => {}
+    }
+    beat.abort();
+}

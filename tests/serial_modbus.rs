@@ -1,0 +1,559 @@
+//! `edgellm serve` as a Modbus slave, driven by two independent masters: tokio-modbus's client
+//! and Debian's `mbpoll`, over a pty pair (RTU, made by `socat`) and over TCP on loopback. The
+//! answer read back through the register map must equal `edgellm run`'s for the same greedy
+//! prompt; illegal requests get their exception codes; garbage and a port that goes away do
+//! not stop the server.
+
+mod common;
+
+use common::mqtt::{Daemon, edgellm, free_port};
+use edgellm::serial::modbus::map::{self, registers_to_bytes, text_to_registers};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_modbus::prelude::*;
+
+const PROMPT: &str = "The capital of France is";
+const TOKENS: u16 = 12;
+/// Every Modbus transaction of a test is bounded by this.
+const OP: Duration = Duration::from_secs(5);
+
+fn model() -> String {
+    common::model_path("q4_0").to_str().unwrap().to_owned()
+}
+
+/// A pty pair joined by `socat`: the daemon opens `a`, the masters `b`. Killed when dropped.
+struct Pty {
+    child: Child,
+    a: PathBuf,
+    b: PathBuf,
+}
+
+impl Pty {
+    fn start(dir: &Path) -> Pty {
+        let a = dir.join("a");
+        let b = dir.join("b");
+        let _ = std::fs::remove_file(&a);
+        let _ = std::fs::remove_file(&b);
+        let child = Command::new("socat")
+            .arg(format!("pty,raw,echo=0,link={}", a.display()))
+            .arg(format!("pty,raw,echo=0,link={}", b.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat (scripts/setup.sh installs it)");
+        let until = Instant::now() + Duration::from_secs(10);
+        while !(a.exists() && b.exists()) {
+            assert!(Instant::now() < until, "socat made no pty pair");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Pty { child, a, b }
+    }
+
+    /// Kills socat and removes its links: a link left behind would name a pty number that
+    /// another test's pair may get next, and this daemon would open that test's port.
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.a);
+        let _ = std::fs::remove_file(&self.b);
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The daemon with one Modbus RTU port on `pty` and Modbus TCP on `tcp`, no MQTT.
+fn serve(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
+    let cfg = dir.join("edgellm.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[serial]]\npath = \"{}\"\nmode = \"modbus\"\nunit_id = 7\n\n[modbus]\ntcp = \"127.0.0.1:{tcp}\"\nunit_id = 7\n",
+            pty.display()
+        ),
+    )
+    .unwrap();
+    let m = model();
+    let c = cfg.to_str().unwrap().to_owned();
+    Daemon::start(
+        &[
+            "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
+        ],
+        &[],
+    )
+}
+
+/// What `edgellm run` answers for the same greedy prompt.
+fn run_answer(prompt: &str, n: u16) -> String {
+    let m = model();
+    let n = n.to_string();
+    let out = edgellm(&[
+        "run", "-m", &m, "--prompt", prompt, "-n", &n, "--ctx", "512", "-t", "1", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::json_of(&out)["text"].as_str().unwrap().to_owned()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn rtu_master(path: &Path, unit: u8) -> client::Context {
+    let port =
+        tokio_serial::SerialStream::open(&tokio_serial::new(path.to_string_lossy(), 115_200))
+            .expect("open the master's end of the pty");
+    rtu::attach_slave(port, Slave(unit))
+}
+
+async fn tcp_master(port: u16, unit: u8) -> client::Context {
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    tokio::time::timeout(OP, tcp::connect_slave(addr, Slave(unit)))
+        .await
+        .expect("connect in time")
+        .expect("connect")
+}
+
+/// One transaction, bounded: the inner result is the slave's answer or its exception.
+async fn op<T, F: std::future::Future<Output = tokio_modbus::Result<T>>>(
+    f: F,
+) -> Result<T, ExceptionCode> {
+    tokio::time::timeout(OP, f)
+        .await
+        .expect("the slave answers in time")
+        .expect("no transport error")
+}
+
+/// Writes the prompt and parameters, the sequence last, waits for done, reads the answer
+/// page by page with FC23.
+async fn ask(ctx: &mut client::Context, prompt: &str, n: u16, seq: u16) -> String {
+    let regs = text_to_registers(prompt);
+    for (i, c) in regs.chunks(map::MAX_WRITE).enumerate() {
+        op(ctx.write_multiple_registers(map::PROMPT + (i * map::MAX_WRITE) as u16, c))
+            .await
+            .unwrap();
+    }
+    op(ctx.write_multiple_registers(map::PROMPT_LEN, &[prompt.len() as u16, n]))
+        .await
+        .unwrap();
+    op(ctx.write_single_register(map::REQUEST_SEQ, seq))
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let s = op(ctx.read_input_registers(map::STATUS, 3)).await.unwrap();
+        if s[2] == seq && s[0] >= map::Status::Done as u16 {
+            break s;
+        }
+        assert!(Instant::now() < until, "no answer in time: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status[0], map::Status::Done as u16, "status {status:?}");
+    let info = op(ctx.read_holding_registers(map::ANSWER_LEN, 3))
+        .await
+        .unwrap();
+    let len = ((info[0] as usize) << 16) | info[1] as usize;
+    let mut bytes = Vec::new();
+    for p in 0..info[2] {
+        let page = op(ctx.read_write_multiple_registers(
+            map::ANSWER_PAGE,
+            map::PAGE_REGS,
+            map::PAGE_SELECT,
+            &[p],
+        ))
+        .await
+        .unwrap();
+        bytes.extend(registers_to_bytes(&page));
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn tokio_modbus_masters_over_rtu_and_tcp_read_back_what_edgellm_run_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let tcp = free_port();
+    let _d = serve(dir.path(), &pty.a, tcp);
+    let want = run_answer(PROMPT, TOKENS);
+    assert!(!want.is_empty());
+    rt().block_on(async {
+        let mut rtu = rtu_master(&pty.b, 7).await;
+        assert_eq!(ask(&mut rtu, PROMPT, TOKENS, 1).await, want, "over RTU");
+        let mut tcp = tcp_master(tcp, 7).await;
+        assert_eq!(ask(&mut tcp, PROMPT, TOKENS, 1).await, want, "over TCP");
+        // The model and version by FC43/14.
+        let id = op(tcp.read_device_identification(ReadCode::Basic, 0))
+            .await
+            .unwrap();
+        let names: Vec<String> = id
+            .device_id_objects
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.value).into_owned())
+            .collect();
+        assert_eq!(names[0], "edgellm");
+        assert!(names[1].contains("135"), "model name: {names:?}");
+        assert_eq!(names[2], env!("CARGO_PKG_VERSION"));
+        // The heartbeat counts while the appliance works.
+        let before = op(tcp.read_input_registers(map::HEARTBEAT, 1))
+            .await
+            .unwrap()[0];
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+        let after = op(tcp.read_input_registers(map::HEARTBEAT, 1))
+            .await
+            .unwrap()[0];
+        assert!(
+            after.wrapping_sub(before) >= 1,
+            "heartbeat {before} then {after}"
+        );
+    });
+}
+
+/// `mbpoll ARGS`, bounded: its stdout.
+fn mbpoll(args: &[&str]) -> String {
+    let child = Command::new("timeout")
+        .arg("20")
+        .arg("mbpoll")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mbpoll (scripts/setup.sh installs it)");
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "mbpoll {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The values of mbpoll's `[addr]: value` lines, in order.
+fn mbpoll_values(out: &str) -> Vec<u16> {
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix('[')?.split_once("]:"))
+        .map(|(_, v)| v.trim().parse::<i64>().unwrap() as u16)
+        .collect()
+}
+
+/// The whole exchange with mbpoll: `target` is the connection's options and the device or
+/// host, which mbpoll wants before the values.
+fn ask_with_mbpoll(target: &[&str], prompt: &str, n: u16, seq: u16) -> String {
+    let write = |addr: u16, values: &[u16]| {
+        let r = addr.to_string();
+        let vals: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        let mut a: Vec<&str> = vec!["-0", "-1", "-o", "5", "-t", "4", "-r", &r];
+        a.extend_from_slice(target);
+        a.extend(vals.iter().map(String::as_str));
+        mbpoll(&a);
+    };
+    let read = |addr: u16, count: u16| {
+        let r = addr.to_string();
+        let c = count.to_string();
+        let mut a: Vec<&str> = vec!["-0", "-1", "-o", "5", "-t", "3", "-r", &r, "-c", &c];
+        a.extend_from_slice(target);
+        mbpoll_values(&mbpoll(&a))
+    };
+    let regs = text_to_registers(prompt);
+    for (i, c) in regs.chunks(map::MAX_WRITE).enumerate() {
+        write(map::PROMPT + (i * map::MAX_WRITE) as u16, c);
+    }
+    write(map::PROMPT_LEN, &[prompt.len() as u16, n]);
+    write(map::REQUEST_SEQ, &[seq]);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = read(map::STATUS, 3);
+        if s[2] == seq && s[0] >= map::Status::Done as u16 {
+            assert_eq!(s[0], map::Status::Done as u16, "status {s:?}");
+            break;
+        }
+        assert!(Instant::now() < until, "no answer in time: {s:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let info = read(map::ANSWER_LEN, 3);
+    let len = ((info[0] as usize) << 16) | info[1] as usize;
+    let mut bytes = Vec::new();
+    for p in 0..info[2] {
+        write(map::PAGE_SELECT, &[p]);
+        bytes.extend(registers_to_bytes(&read(map::ANSWER_PAGE, map::PAGE_REGS)));
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn mbpoll_over_rtu_and_tcp_reads_back_what_edgellm_run_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let tcp = free_port();
+    let _d = serve(dir.path(), &pty.a, tcp);
+    let want = run_answer(PROMPT, TOKENS);
+    let b = pty.b.to_str().unwrap();
+    let rtu = ["-m", "rtu", "-a", "7", "-b", "115200", "-P", "none", b];
+    assert_eq!(ask_with_mbpoll(&rtu, PROMPT, TOKENS, 11), want, "over RTU");
+    let port = tcp.to_string();
+    let tcp = ["-m", "tcp", "-a", "7", "-p", &port, "127.0.0.1"];
+    assert_eq!(ask_with_mbpoll(&tcp, PROMPT, TOKENS, 12), want, "over TCP");
+}
+
+#[test]
+fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let tcp = free_port();
+    let _d = serve(dir.path(), &pty.a, tcp);
+    rt().block_on(async {
+        let mut m = rtu_master(&pty.b, 7).await;
+        assert_eq!(
+            op(m.read_coils(0, 1)).await.unwrap_err(),
+            ExceptionCode::IllegalFunction
+        );
+        assert_eq!(
+            op(m.read_holding_registers(200, 1)).await.unwrap_err(),
+            ExceptionCode::IllegalDataAddress
+        );
+        assert_eq!(
+            op(m.write_single_register(map::STATUS, 1))
+                .await
+                .unwrap_err(),
+            ExceptionCode::IllegalDataAddress
+        );
+        assert_eq!(
+            op(m.write_single_register(map::MODE, 2)).await.unwrap_err(),
+            ExceptionCode::IllegalDataValue
+        );
+        assert_eq!(
+            op(m.write_single_register(map::REQUEST_SEQ, 1))
+                .await
+                .unwrap_err(),
+            ExceptionCode::IllegalDataValue,
+            "no prompt yet"
+        );
+        // A long answer, then a second request while it runs: busy.
+        let regs = text_to_registers(PROMPT);
+        op(m.write_multiple_registers(map::PROMPT, &regs))
+            .await
+            .unwrap();
+        op(m.write_multiple_registers(map::PROMPT_LEN, &[PROMPT.len() as u16, 400]))
+            .await
+            .unwrap();
+        op(m.write_single_register(map::REQUEST_SEQ, 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            op(m.write_single_register(map::REQUEST_SEQ, 2))
+                .await
+                .unwrap_err(),
+            ExceptionCode::ServerDeviceBusy
+        );
+        // The retry of the accepted write is acknowledged and runs nothing twice.
+        op(m.write_single_register(map::REQUEST_SEQ, 1))
+            .await
+            .unwrap();
+        op(m.write_single_register(map::CANCEL, 1)).await.unwrap();
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = op(m.read_input_registers(map::STATUS, 9)).await.unwrap();
+            // Cancelled while running: done, finish reason 4; before the worker took it:
+            // error, code 6. Either is the cancel.
+            if s[0] >= map::Status::Done as u16 {
+                let running =
+                    s[0] == map::Status::Done as u16 && s[map::FINISH_REASON as usize] == 4;
+                let queued = s[0] == map::Status::Error as u16 && s[map::ERROR_CODE as usize] == 6;
+                assert!(running || queued, "not cancelled: {s:?}");
+                break;
+            }
+            assert!(Instant::now() < until, "the cancel did not end it: {s:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        // Another unit id on the RTU bus: no reply at all.
+        drop(m);
+        let mut other = rtu_master(&pty.b, 8).await;
+        let r =
+            tokio::time::timeout(Duration::from_secs(2), other.read_holding_registers(0, 1)).await;
+        assert!(r.is_err(), "unit 8 must get silence, got {r:?}");
+        drop(other);
+        // On TCP another unit id is told so at once; 0xFF is served.
+        let mut t = tcp_master(tcp, 9).await;
+        assert_eq!(
+            op(t.read_holding_registers(0, 1)).await.unwrap_err(),
+            ExceptionCode::GatewayTargetDevice
+        );
+        let mut t = tcp_master(tcp, 0xFF).await;
+        assert_eq!(
+            op(t.read_holding_registers(map::MAP_VERSION, 1))
+                .await
+                .unwrap(),
+            vec![map::VERSION]
+        );
+    });
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Reads MAP_VERSION until the slave answers (garbage may still be draining), bounded.
+async fn answers(path: &Path, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Ok(port) =
+            tokio_serial::SerialStream::open(&tokio_serial::new(path.to_string_lossy(), 115_200))
+        {
+            let mut m = rtu::attach_slave(port, Slave(7));
+            if let Ok(Ok(Ok(v))) = tokio::time::timeout(
+                Duration::from_secs(1),
+                m.read_holding_registers(map::MAP_VERSION, 1),
+            )
+            .await
+                && v == vec![map::VERSION]
+            {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[test]
+fn a_megabyte_of_random_bytes_leaves_memory_flat_and_the_port_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let d = serve(dir.path(), &pty.a, free_port());
+    let pid = d.child.id();
+    rt().block_on(async {
+        assert!(answers(&pty.b, Duration::from_secs(10)).await);
+    });
+    let before = rss_kib(pid);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: a daemon that stops reading fills the pty, and the test must fail in
+        // bounded time rather than hang in write().
+        let mut port = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&pty.b)
+            .unwrap();
+        // xorshift: the same megabyte every run.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut chunk = vec![0u8; 4096];
+        let until = Instant::now() + Duration::from_secs(60);
+        for _ in 0..256 {
+            for b in chunk.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            let mut rest = &chunk[..];
+            while !rest.is_empty() {
+                match port.write(rest) {
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        assert!(
+                            Instant::now() < until,
+                            "the daemon stopped reading the port\n{}",
+                            d.log_text()
+                        );
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("writing the garbage: {e}"),
+                }
+            }
+        }
+    }
+    rt().block_on(async {
+        assert!(
+            answers(&pty.b, Duration::from_secs(30)).await,
+            "the port does not answer after the garbage\n{}",
+            d.log_text()
+        );
+    });
+    let after = rss_kib(pid);
+    assert!(
+        after < before + 2048,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+}
+
+#[test]
+fn a_port_that_goes_away_and_comes_back_is_served_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pty = Pty::start(dir.path());
+    let d = serve(dir.path(), &pty.a, free_port());
+    rt().block_on(async {
+        assert!(answers(&pty.b, Duration::from_secs(10)).await);
+    });
+    pty.stop();
+    std::thread::sleep(Duration::from_millis(700));
+    let pty = Pty::start(dir.path());
+    rt().block_on(async {
+        assert!(
+            answers(&pty.b, Duration::from_secs(20)).await,
+            "not served after the port came back\n{}",
+            d.log_text()
+        );
+    });
+    assert!(
+        d.log_text().contains("reopening"),
+        "the daemon did not see the port go: {}",
+        d.log_text()
+    );
+}
+
+#[test]
+fn a_taken_modbus_tcp_address_fails_the_start_and_says_why() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let m = model();
+    let mut d = Daemon::spawn(
+        &[
+            "--model",
+            &m,
+            "--mqtt",
+            "off",
+            "--ctx",
+            "512",
+            "-t",
+            "1",
+            "--modbus-tcp",
+            &addr,
+        ],
+        &[],
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the daemon started on a taken address"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let log = d.log_text();
+    assert!(
+        log.contains(&format!("Modbus TCP: cannot listen on {addr}")),
+        "{log}"
+    );
+}
