@@ -554,9 +554,9 @@ impl Mailbox {
         false
     }
 
-    /// One second passed with the appliance working: `HEARTBEAT` counts up.
-    pub fn tick(&mut self) {
-        self.heartbeat = self.heartbeat.wrapping_add(1);
+    /// `secs` seconds passed with the appliance working: `HEARTBEAT` counts up (wrapping).
+    pub fn advance(&mut self, secs: u64) {
+        self.heartbeat = self.heartbeat.wrapping_add(secs as u16);
     }
 
     /// FC43/14 (read device identification): `code` 1–3 stream access from `object`, 4 one

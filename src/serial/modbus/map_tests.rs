@@ -280,12 +280,14 @@ fn an_answer_over_its_bound_is_cut_on_a_character_and_ends_as_length() {
 #[test]
 fn the_heartbeat_counts_seconds_and_wraps() {
     let mut m = mailbox();
-    m.tick();
-    m.tick();
+    m.advance(1);
+    m.advance(1);
     assert_eq!(m.read(HEARTBEAT, 1).unwrap(), vec![2]);
     m.heartbeat = u16::MAX;
-    m.tick();
+    m.advance(1);
     assert_eq!(m.read(HEARTBEAT, 1).unwrap(), vec![0]);
+    m.advance(65_536 + 3);
+    assert_eq!(m.read(HEARTBEAT, 1).unwrap(), vec![3]);
 }
 
 #[test]

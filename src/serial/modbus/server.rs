@@ -85,6 +85,8 @@ struct Shared {
     stats: Arc<PortStats>,
     ticket: Mutex<Option<Ticket>>,
     timeout: Option<Duration>,
+    /// Where the heartbeat's last whole second fell.
+    beat: Mutex<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -115,27 +117,29 @@ impl Shared {
             stats,
             ticket: Mutex::new(None),
             timeout: cfg.timeout,
+            beat: Mutex::new(Instant::now()),
         })
     }
 
-    /// Counts the heartbeat every second while the worker is not stuck, until `stop`.
-    async fn heartbeat(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => {}
-                _ = stopped(&mut stop) => return,
-            }
-            if self.handle.stalled_for() < STALLED {
-                lock(&self.map).tick();
-            }
+    /// Brings the heartbeat up to the clock before a read: +1 for each whole second since
+    /// the last, unless the worker is stuck. Counted when a master asks, not by a timer, so an
+    /// idle appliance with a Modbus port still wakes for nothing.
+    fn beat(&self, map: &mut Mailbox) {
+        let mut last = lock(&self.beat);
+        let secs = last.elapsed().as_secs();
+        if secs == 0 {
+            return;
+        }
+        *last += Duration::from_secs(secs);
+        if self.handle.stalled_for() < STALLED {
+            map.advance(secs);
         }
     }
 
     /// One PDU for this mailbox; `source` names the master.
     fn call(&self, req: Request<'_>, source: &str) -> Result<Option<Response>, Exception> {
         let mut map = lock(&self.map);
+        self.beat(&mut map);
         if let Some(id) = map.current().map(str::to_owned)
             && self.handle.running().as_deref() == Some(id.as_str())
         {
@@ -317,7 +321,6 @@ pub async fn serve_rtu(
     mut stop: watch::Receiver<bool>,
 ) {
     let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
-    let beat = tokio::spawn(Arc::clone(&shared).heartbeat(stop.clone()));
     let source = format!("modbus:{}", path.display());
     let mut backoff = BACKOFF_MIN;
     let mut opened_before = false;
@@ -399,7 +402,6 @@ pub async fn serve_rtu(
             }
         }
     }
-    beat.abort();
 }
 
 /// Binds the Modbus TCP listener (before the daemon reports ready, so a taken port fails
@@ -435,13 +437,11 @@ pub async fn serve_tcp_listener(
     mut stop: watch::Receiver<bool>,
 ) {
     let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
-    let beat = tokio::spawn(Arc::clone(&shared).heartbeat(stop.clone()));
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
             stats.set_state(PortState::Reopening, Some(e.to_string()));
             tracing::error!(error = %e, "Modbus TCP: cannot use the listener");
-            beat.abort();
             return;
         }
     };
@@ -473,5 +473,4 @@ pub async fn serve_tcp_listener(
         }
         _ = stopped(&mut stop) => {}
     }
-    beat.abort();
 }
