@@ -5,7 +5,7 @@
 mod common;
 
 use common::mqtt::{Daemon, model_arg};
-use common::serial::{Pty, rss_kib};
+use common::serial::{Pty, rss_kib, run_text};
 use edgellm::serial::frame::codec::{self, Decoded, Decoder};
 use edgellm::serial::frame::{FLAG_RAW, kind, nak};
 use std::time::{Duration, Instant};
@@ -87,28 +87,6 @@ fn daemon(p: &Pty) -> Daemon {
     d
 }
 
-fn run_text(prompt: &str, n: usize) -> String {
-    let out = common::mqtt::edgellm(&[
-        "run",
-        "-m",
-        &model(),
-        "--prompt",
-        prompt,
-        "-n",
-        &n.to_string(),
-        "-c",
-        "256",
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["text"].as_str().unwrap().to_owned()
-}
-
 #[test]
 fn frames_on_a_pty_answer_acknowledge_repeat_from_cache_and_survive_noise() {
     let p = Pty::open();
@@ -130,7 +108,7 @@ fn frames_on_a_pty_answer_acknowledge_repeat_from_cache_and_survive_noise() {
     }
     assert_eq!(m.frame(T), (2, kind::R_ACK, vec![]));
     let (text, end) = m.answer(2);
-    assert_eq!(text, run_text(prompt, 12));
+    assert_eq!(text, run_text(prompt, 12, 256));
     assert_eq!(end[0], 1, "finish reason length");
     assert_eq!(u32::from_le_bytes(end[5..9].try_into().unwrap()), 12);
 

@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::mqtt::{Daemon, edgellm, free_port};
+use common::mqtt::{Daemon, free_port};
+use common::serial::run_text;
 use edgellm::serial::modbus::map::{self, registers_to_bytes, text_to_registers};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -85,21 +86,6 @@ fn serve(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
         ],
         &[],
     )
-}
-
-/// What `edgellm run` answers for the same greedy prompt.
-fn run_answer(prompt: &str, n: u16) -> String {
-    let m = model();
-    let n = n.to_string();
-    let out = edgellm(&[
-        "run", "-m", &m, "--prompt", prompt, "-n", &n, "--ctx", "512", "-t", "1", "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    common::json_of(&out)["text"].as_str().unwrap().to_owned()
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -185,7 +171,7 @@ fn tokio_modbus_masters_over_rtu_and_tcp_read_back_what_edgellm_run_answers() {
     let pty = Pty::start(dir.path());
     let tcp = free_port();
     let _d = serve(dir.path(), &pty.a, tcp);
-    let want = run_answer(PROMPT, TOKENS);
+    let want = run_text(PROMPT, TOKENS as usize, 512);
     assert!(!want.is_empty());
     rt().block_on(async {
         let mut rtu = rtu_master(&pty.b, 7).await;
@@ -298,7 +284,7 @@ fn mbpoll_over_rtu_and_tcp_reads_back_what_edgellm_run_answers() {
     let pty = Pty::start(dir.path());
     let tcp = free_port();
     let _d = serve(dir.path(), &pty.a, tcp);
-    let want = run_answer(PROMPT, TOKENS);
+    let want = run_text(PROMPT, TOKENS as usize, 512);
     let b = pty.b.to_str().unwrap();
     let rtu = ["-m", "rtu", "-a", "7", "-b", "115200", "-P", "none", b];
     assert_eq!(ask_with_mbpoll(&rtu, PROMPT, TOKENS, 11), want, "over RTU");

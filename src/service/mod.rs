@@ -239,6 +239,21 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code as a number, for binary front ends (a frame's error byte, a Modbus register):
+    /// 1 bad_request, 2 too_large, 3 context_full, 4 busy, 5 timeout, 6 cancelled, 7 internal.
+    /// Stable: documented in docs/serial.md.
+    pub fn number(self) -> u8 {
+        match self {
+            ErrorCode::BadRequest => 1,
+            ErrorCode::TooLarge => 2,
+            ErrorCode::ContextFull => 3,
+            ErrorCode::Busy => 4,
+            ErrorCode::Timeout => 5,
+            ErrorCode::Cancelled => 6,
+            ErrorCode::Internal => 7,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::BadRequest => "bad_request",

@@ -140,3 +140,16 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
+
+/// What `edgellm run` answers for the same greedy raw prompt: the text a serial answer must
+/// equal (`ctx` as the daemon under test has it).
+pub fn run_text(prompt: &str, n: usize, ctx: usize) -> String {
+    let m = super::mqtt::model_arg(&super::model_path("q4_0"));
+    let (n, ctx) = (n.to_string(), ctx.to_string());
+    let out = super::mqtt::edgellm(&[
+        "run", "-m", &m, "--prompt", prompt, "-n", &n, "-c", &ctx, "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["text"].as_str().unwrap().to_owned()
+}

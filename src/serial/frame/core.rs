@@ -538,13 +538,5 @@ pub fn finish_byte(f: FinishReason) -> u8 {
 }
 
 pub fn code_byte(c: ErrorCode) -> u8 {
-    match c {
-        ErrorCode::BadRequest => 1,
-        ErrorCode::TooLarge => 2,
-        ErrorCode::ContextFull => 3,
-        ErrorCode::Busy => 4,
-        ErrorCode::Timeout => 5,
-        ErrorCode::Cancelled => 6,
-        ErrorCode::Internal => 7,
-    }
+    c.number()
 }

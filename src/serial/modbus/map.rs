@@ -586,15 +586,7 @@ impl Mailbox {
 
 /// The `ERROR_CODE` value of a service error.
 pub fn error_code(c: ErrorCode) -> u16 {
-    match c {
-        ErrorCode::BadRequest => 1,
-        ErrorCode::TooLarge => 2,
-        ErrorCode::ContextFull => 3,
-        ErrorCode::Busy => 4,
-        ErrorCode::Timeout => 5,
-        ErrorCode::Cancelled => 6,
-        ErrorCode::Internal => 7,
-    }
+    c.number().into()
 }
 
 /// Text as registers: two bytes a register, high byte first, the last one NUL-padded.
