@@ -135,6 +135,10 @@ def start_daemon(baud, mode):
     while READY[mode] not in open(log.name, "rb").read():
         if time.monotonic() > until or d.poll() is not None:
             tail = open(log.name, errors="replace").read()[-2000:]
+            d.kill()
+            d.wait()
+            os.unlink(log.name)
+            os.unlink(cfg.name)
             raise SystemExit(f"serial bench: the daemon did not open the port ({mode}):\n{tail}")
         time.sleep(0.05)
     return d, master, slave, log.name, cfg.name
