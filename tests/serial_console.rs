@@ -123,6 +123,9 @@ fn a_megabyte_of_random_keys_leaves_memory_flat_and_the_console_answering() {
     assert!(s.contains("queue"), "{s:?}");
     let after = common::serial::rss_kib(pid);
     eprintln!("RSS {before} -> {after} KiB");
-    assert!(after < before + 512, "memory grew from {before} to {after} KiB");
+    assert!(
+        after < before + 512,
+        "memory grew from {before} to {after} KiB"
+    );
     d.terminate(Duration::from_secs(20));
 }

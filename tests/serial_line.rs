@@ -78,7 +78,10 @@ fn every_command_and_error_of_the_line_mode_on_a_pty() {
     }
     let got = p.line(T).expect("an answer");
     let text = got.strip_prefix("OK ").unwrap_or_else(|| panic!("{got}"));
-    assert_eq!(unescape(text), run_text("The capital of France is", 12, 256));
+    assert_eq!(
+        unescape(text),
+        run_text("The capital of France is", 12, 256)
+    );
 
     // Streamed: DATA lines whose text joins to the same answer, then END.
     assert_eq!(p.ask("SET stream=on", T), "OK stream=on");

@@ -12,6 +12,6 @@ pub mod core;
 pub mod driver;
 pub mod frame;
 pub mod line;
-pub mod port;
 pub mod modbus;
+pub mod port;
 pub mod stats;

@@ -1,8 +1,8 @@
 //! A port's state and counters, shared between its driver and the daemon's status.
 
 use serde::Serialize;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Where a port is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -56,8 +56,15 @@ impl Pty {
         fcntl(fd, FcntlArg::F_SETFL(old | OFlag::O_NONBLOCK)).unwrap();
         let until = Instant::now() + within;
         while !bytes.is_empty() {
-            assert!(Instant::now() < until, "{} bytes not taken in time", bytes.len());
-            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN | PollFlags::POLLOUT)];
+            assert!(
+                Instant::now() < until,
+                "{} bytes not taken in time",
+                bytes.len()
+            );
+            let mut fds = [PollFd::new(
+                self.master.as_fd(),
+                PollFlags::POLLIN | PollFlags::POLLOUT,
+            )];
             let _ = poll(&mut fds, PollTimeout::from(100u16));
             let ev = fds[0].revents().unwrap_or(PollFlags::empty());
             if ev.contains(PollFlags::POLLIN) {
@@ -149,7 +156,11 @@ pub fn run_text(prompt: &str, n: usize, ctx: usize) -> String {
     let out = super::mqtt::edgellm(&[
         "run", "-m", &m, "--prompt", prompt, "-n", &n, "-c", &ctx, "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["text"].as_str().unwrap().to_owned()
 }
