@@ -100,19 +100,11 @@ fn a_megabyte_of_random_keys_leaves_memory_flat_and_the_console_answering() {
     until(&mut p, "edgellm> ", T);
     let pid = d.child.id();
     let before = common::serial::rss_kib(pid);
-    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut noise = common::serial::Noise(0x2545_f491_4f6c_dd1d);
     let mut chunk = vec![0u8; 16 << 10];
     for _ in 0..64 {
-        for b in chunk.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // No Enter and no Ctrl-C: one endless line of keys, escapes and bad UTF-8.
-            *b = match x as u8 {
-                b'\r' | b'\n' | 0x03 => b'x',
-                v => v,
-            };
-        }
+        // No Enter and no Ctrl-C: one endless line of keys, escapes and bad UTF-8.
+        noise.fill(&mut chunk, b"\r\n\x03", b'x');
         // Reading the echo meanwhile, or the pty fills and both ends wait.
         p.pump(&chunk, T);
     }

@@ -140,15 +140,10 @@ fn frames_on_a_pty_answer_acknowledge_repeat_from_cache_and_survive_noise() {
     // A megabyte of noise: memory flat, the port answering.
     let pid = d.child.id();
     let rss = rss_kib(pid);
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = common::serial::Noise(0x9e37_79b9_7f4a_7c15);
     let mut chunk = vec![0u8; 16 << 10];
     for _ in 0..64 {
-        for b in chunk.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        noise.fill(&mut chunk, &[], 0);
         m.p.send(&chunk);
         m.p.drain(Duration::from_millis(5));
     }

@@ -159,20 +159,12 @@ fn a_megabyte_of_random_bytes_leaves_memory_flat_and_the_port_answering() {
     assert_eq!(p.ask("PING", T), "OK PONG");
     let pid = d.child.id();
     let before = rss_kib(pid);
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = common::serial::Noise(0x9e37_79b9_7f4a_7c15);
     let mut chunk = vec![0u8; 16 << 10];
     for _ in 0..64 {
-        for b in chunk.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // No line ends: one endless line, the worst case for the buffer. (Random
-            // lines would start requests; the unit test of the core covers those.)
-            *b = match x as u8 {
-                b'\r' | b'\n' => b'.',
-                v => v,
-            };
-        }
+        // No line ends: one endless line, the worst case for the buffer. (Random lines
+        // would start requests; the unit test of the core covers those.)
+        noise.fill(&mut chunk, b"\r\n", b'.');
         p.send(&chunk);
         // What the daemon answers must be read, or the pty fills and writes wait.
         p.drain(Duration::from_millis(5));

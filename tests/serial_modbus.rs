@@ -438,17 +438,12 @@ fn a_megabyte_of_random_bytes_leaves_memory_flat_and_the_port_answering() {
             .custom_flags(nix::libc::O_NONBLOCK)
             .open(&pty.b)
             .unwrap();
-        // xorshift: the same megabyte every run.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        // The same megabyte every run.
+        let mut noise = common::serial::Noise(0x9E37_79B9_7F4A_7C15);
         let mut chunk = vec![0u8; 4096];
         let until = Instant::now() + Duration::from_secs(60);
         for _ in 0..256 {
-            for b in chunk.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = x as u8;
-            }
+            noise.fill(&mut chunk, &[], 0);
             let mut rest = &chunk[..];
             while !rest.is_empty() {
                 match port.write(rest) {

@@ -164,3 +164,20 @@ pub fn run_text(prompt: &str, n: usize, ctx: usize) -> String {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["text"].as_str().unwrap().to_owned()
 }
+
+/// The same random bytes every run (xorshift64), for the megabyte-of-garbage tests.
+pub struct Noise(pub u64);
+
+impl Noise {
+    /// Fills `buf`; a byte in `avoid` (a line end, Ctrl-C) becomes `instead`.
+    pub fn fill(&mut self, buf: &mut [u8], avoid: &[u8], instead: u8) {
+        for b in buf.iter_mut() {
+            let x = &mut self.0;
+            *x ^= *x << 13;
+            *x ^= *x >> 7;
+            *x ^= *x << 17;
+            let v = *x as u8;
+            *b = if avoid.contains(&v) { instead } else { v };
+        }
+    }
+}
