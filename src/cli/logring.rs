@@ -41,13 +41,16 @@ impl LogRing {
     }
 }
 
-/// stderr, with a copy of each line in the ring.
-pub struct Tee(pub Arc<LogRing>);
+/// stderr, with a copy of each line in the ring when there is one (`serve` only: the other
+/// commands keep no log in memory).
+pub struct Tee(pub Option<Arc<LogRing>>);
 
 impl Write for Tee {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         // The formatter writes one whole event per call.
-        self.0.push(buf);
+        if let Some(r) = &self.0 {
+            r.push(buf);
+        }
         std::io::stderr().write_all(buf)?;
         Ok(buf.len())
     }
@@ -59,7 +62,7 @@ impl Write for Tee {
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Tee {
     type Writer = Tee;
     fn make_writer(&'a self) -> Tee {
-        Tee(Arc::clone(&self.0))
+        Tee(self.0.clone())
     }
 }
 

@@ -108,7 +108,7 @@ fn init_reloadable_logging(
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(logring::Tee(ring.unwrap_or_default()))
+        .with_writer(logring::Tee(ring))
         .with_target(false)
         // Colours only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
