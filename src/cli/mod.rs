@@ -75,7 +75,11 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("edgellm: {e}");
-            ExitCode::FAILURE
+            if e.is::<Refused>() {
+                ExitCode::from(Refused::EXIT)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -126,3 +130,22 @@ fn init_reloadable_logging(
 
 /// A user-facing error: one line, already carrying its context (file, key, field).
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The daemon will not start as it is set up (a refused configuration, a model that does not
+/// load): starting it again cannot help. It exits with 78 (`EX_CONFIG` of sysexits.h), which
+/// the systemd unit names in `RestartPreventExitStatus=`, so a corrupt model is not retried in
+/// a loop that would rewrite the flash.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl Refused {
+    pub const EXIT: u8 = 78;
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}

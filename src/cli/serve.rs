@@ -107,7 +107,7 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
         Ok(c) => c,
         Err(e) => {
             super::init_logging(verbose, "info");
-            return Err(e.into());
+            return Err(Box::new(super::Refused(e)));
         }
     };
     let ring = std::sync::Arc::new(super::logring::LogRing::default());
@@ -137,8 +137,14 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
         log: Box::new(move |level| set_filter(&log_filter(level))),
         log_tail: std::sync::Arc::new(move |n| ring.tail(n)),
     };
-    edgellm::daemon::serve::serve(cfg, model, reload)?;
-    Ok(())
+    use edgellm::daemon::serve::DaemonError;
+    match edgellm::daemon::serve::serve(cfg, model, reload) {
+        Ok(()) => Ok(()),
+        Err(e @ (DaemonError::Model(_) | DaemonError::Config(_))) => {
+            Err(Box::new(super::Refused(e.to_string())))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The filter for `log.level`. The embedded broker logs every connection at info and every
