@@ -30,6 +30,9 @@ pub enum DaemonError {
     Service(#[from] ServiceError),
     #[error("configuration: {0}")]
     Config(String),
+    /// The board profile refuses (the memory budget).
+    #[error("{0}")]
+    Board(String),
     #[error("embedded broker: {0}")]
     Broker(String),
     #[error("cannot start the I/O runtime: {0}")]
@@ -66,8 +69,26 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         },
     )
     .map_err(|e| DaemonError::Model(e.to_string()))?;
-    let engine = Engine::new(Arc::new(m), cfg.engine_config())
+    let engine_cfg = cfg.engine_config();
+    let profile = cfg.board();
+    let mut cpus = Vec::new();
+    if let Some(p) = profile {
+        // Before the engine allocates anything: a refusal now, not an OOM kill later.
+        super::board::check_budget(p, &cfg, &m, &engine_cfg).map_err(DaemonError::Board)?;
+        cpus = super::board::usable_cpus(p);
+    }
+    let engine = Engine::pinned(Arc::new(m), engine_cfg, &cpus)
         .map_err(|e| DaemonError::Model(format!("{}: {e}", model.display())))?;
+    if let Some(p) = profile {
+        super::board::check_kernels(p, engine.kernels().name());
+        tracing::info!(
+            board = %p.name,
+            threads = engine.config().threads,
+            cpus = %crate::board::cpu::format_cpu_list(engine.cpus()),
+            kernels = engine.kernels().name(),
+            "board profile applied"
+        );
+    }
     let board = StatusBoard::new(&engine, &model, cfg.model.board.clone(), started);
     let service = Service::start(
         engine,
