@@ -95,19 +95,33 @@ fn a_board_profile_sets_the_threads_and_says_when_the_kernel_path_is_not_the_boa
         let want = format!("board rpi4b expects kernel path neon, but this CPU runs {best}");
         assert!(log.contains(&want), "{want:?} not in:\n{log}");
     }
-    // Worker threads run only on the profile's CPUs this machine has.
+    // The engine's threads run only on the profile's CPUs this machine has.
     let allowed = cpus_of(&format!("/proc/{}/status", d.child.id()));
     let want: Vec<usize> = (0..4).filter(|c| allowed.contains(c)).collect();
-    let mut workers = 0;
-    for t in std::fs::read_dir(format!("/proc/{}/task", d.child.id())).unwrap() {
-        let t = t.unwrap().path();
-        let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        if name.starts_with("edgellm-w") {
-            workers += 1;
-            assert_eq!(cpus_of(t.join("status").to_str().unwrap()), want, "{name}");
+    // A thread names (and pins) itself once it runs: wait for the four to show.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut engine_threads = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{}/task", d.child.id())).unwrap() {
+            let t = t.unwrap().path();
+            let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+            // edgellm-w1..3 and edgellm-worker, the service's thread: the pool's thread 0.
+            if name.starts_with("edgellm-w") {
+                engine_threads.push((
+                    name.trim().to_owned(),
+                    cpus_of(t.join("status").to_str().unwrap()),
+                ));
+            }
         }
+        if engine_threads.len() == 4 || Instant::now() > until {
+            assert_eq!(engine_threads.len(), 4, "{engine_threads:?}");
+            for (name, cpus) in &engine_threads {
+                assert_eq!(cpus, &want, "{name}");
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(workers, 3, "4 threads: the caller and 3 workers");
     assert!(d.terminate(Duration::from_secs(20)).success());
 }
 
@@ -156,4 +170,32 @@ fn check_prints_the_board_applied_and_an_unknown_board_lists_the_known_ones() {
         e.contains("model.board: unknown board \"rpi3\": known boards are rpi4b, rpi5, rk3588, imx8mp, generic-aarch64, x86-64-gateway"),
         "{e}"
     );
+}
+
+#[test]
+fn a_profile_whose_cpus_this_machine_lacks_serves_unpinned_and_says_so() {
+    let m = model();
+    // The daemon inherits this thread's CPUs: one outside 4-7, on any machine.
+    let allowed = cpus_of("/proc/thread-self/status");
+    let cpu = *allowed.iter().find(|&&c| c < 4).expect("a CPU below 4");
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+    let mut d = Daemon::start(
+        &[
+            "--model", &m, "--mqtt", "off", "--board", "rk3588", "--ctx", "256",
+        ],
+        &[],
+    );
+    let log = d.wait_log(Duration::from_secs(10), |l| {
+        l.contains("board profile applied")
+    });
+    assert!(
+        log.contains(
+            "board rk3588: none of its CPUs 4-7 is available to this process: threads not pinned"
+        ),
+        "{log}"
+    );
+    assert!(log.contains("board=rk3588 threads=4 cpus= "), "{log}");
+    assert!(d.terminate(Duration::from_secs(20)).success());
 }
