@@ -430,7 +430,7 @@ mod tests {
                 n_embd: 96,
                 n_head: 6,
                 n_head_kv: 3,
-                n_ff: 200,
+                n_ff: 224,
                 n_vocab: 517,
                 ..SynthSpec::default()
             },
