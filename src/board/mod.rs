@@ -139,7 +139,8 @@ pub fn parse(text: &str) -> Result<Profile, String> {
             return Err(format!("threads {t} > the {} CPUs of cpus", cpus.len()));
         }
     }
-    if p.threads == Some(0) || p.memory_budget_mib == 0 || !(p.bandwidth.gbs > 0.0) {
+    let gbs_ok = p.bandwidth.gbs.is_finite() && p.bandwidth.gbs > 0.0;
+    if p.threads == Some(0) || p.memory_budget_mib == 0 || !gbs_ok {
         return Err("threads, memory_budget_mib and bandwidth.gbs must be positive".into());
     }
     Ok(p)
