@@ -11,16 +11,19 @@
 //! | [`gguf`] | mmapped, bounds-checked model files; writer | `kernels_neon` |
 //! | [`kv`], [`tokenizer`], [`quantize`] | KV cache and its snapshots; tokenizers and chat templates; requantization | `gguf`, `kernels_neon` |
 //! | [`runtime`] | thread pool, per-op profiler | nothing of ours but `kernels_neon` |
+//! | [`board`] | board profiles (compiled in), detecting the board from `/proc` and `/sys` | nothing of ours but `kernels_neon` |
 //! | [`model`] | hyper-parameters, weight views, the forward pass | all of the above |
 //! | [`engine`] | sessions, sampler, generate loop, session store | `model` and below |
 //! | [`service`] | requests and events, prompt rules, the worker that owns an engine, its queue | `engine` and below |
 //! | front ends ([`mqtt`], [`serial`]) | translate bytes to requests and events back | `service` and below |
-//! | daemon (to come), CLI (`src/cli/`, the binary) | configuration, wiring, subcommands | anything |
+//! | [`daemon`], CLI (`src/cli/`, the binary) | configuration, wiring, subcommands | anything |
 //!
-//! `kv` and `tokenizer` are side by side: neither uses the other. Code that joins two layers
+//! `kv` and `tokenizer` are side by side: neither uses the other; nor do `runtime` and `board`,
+//! which only the daemon and the CLI use. Code that joins two layers
 //! lives in the upper one (so `kv::Geometry::of`, the shape of a model's cache, is defined in
 //! `model`).
 
+pub mod board;
 pub mod daemon;
 pub mod engine;
 pub mod gguf;

@@ -106,7 +106,7 @@ fn every_key_reaches_the_layer_that_uses_it() {
         chunk = 32
         kv_type = "F32"
         mlock = true
-        board = "imx8mp-evk"
+        board = "imx8mp"
         [state]
         dir = "/var/lib/edgellm"
         disk_budget = "1G"
@@ -155,7 +155,7 @@ fn every_key_reaches_the_layer_that_uses_it() {
         (4096, 32, 2, KvType::F32)
     );
     assert!(c.model.mlock);
-    assert_eq!(c.model.board.as_deref(), Some("imx8mp-evk"));
+    assert_eq!(c.model.board.as_deref(), Some("imx8mp"));
     let store = c.store_config().unwrap();
     assert_eq!(store.dir, Path::new("/var/lib/edgellm"));
     assert_eq!((store.disk_bytes, store.ram_bytes), (1 << 30, 32 << 20));
@@ -604,8 +604,10 @@ fn overrides_win_over_the_file() {
         threads: Some(3),
         ctx: Some(512),
         serial: vec!["/dev/ttyUSB0:9600:modbus".into()],
+        board: Some("rk3588".into()),
     })
     .unwrap();
+    assert_eq!(c.model.board.as_deref(), Some("rk3588"));
     assert_eq!(c.serial.len(), 1);
     assert_eq!(
         (c.serial[0].baud, c.serial[0].mode),

@@ -17,12 +17,15 @@ const FRONT_END: &[&str] = &[
 
 /// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
 /// cannot depend on us, so it is not listed).
-const LAYERS: [(&str, &[&str]); 11] = [
+const LAYERS: [(&str, &[&str]); 13] = [
     ("gguf", &[]),
     ("kv", &["gguf"]),
     ("tokenizer", &["gguf"]),
     ("quantize", &["gguf"]),
     ("runtime", &[]),
+    // Board profiles and detection: pure data and parsing, for the daemon and the CLI only
+    // (the engine gets the profile's CPUs and threads as plain numbers).
+    ("board", &[]),
     ("model", &["gguf", "kv", "tokenizer", "runtime"]),
     ("engine", &["gguf", "kv", "tokenizer", "runtime", "model"]),
     (
@@ -32,6 +35,21 @@ const LAYERS: [(&str, &[&str]); 11] = [
     ("mqtt", FRONT_END),
     ("serial", FRONT_END),
     (
+        "daemon",
+        &[
+            "gguf",
+            "kv",
+            "tokenizer",
+            "runtime",
+            "board",
+            "model",
+            "engine",
+            "service",
+            "mqtt",
+            "serial",
+        ],
+    ),
+    (
         "cli",
         &[
             "gguf",
@@ -39,11 +57,13 @@ const LAYERS: [(&str, &[&str]); 11] = [
             "tokenizer",
             "quantize",
             "runtime",
+            "board",
             "model",
             "engine",
             "service",
             "mqtt",
             "serial",
+            "daemon",
         ],
     ),
 ];

@@ -8,6 +8,7 @@ mod ask;
 mod bench;
 mod bench_bw;
 mod bench_restore;
+mod board;
 mod common;
 mod inspect;
 mod kernels;
@@ -51,6 +52,8 @@ enum Command {
     Serve(serve::Args),
     /// Ask a running daemon a question over MQTT and stream the answer.
     Ask(ask::Args),
+    /// Board profiles: list them, show one with its estimates, detect this machine's.
+    Board(board::Args),
 }
 
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
@@ -70,6 +73,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Kv(a) => kv::run(a),
+        Command::Board(a) => board::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

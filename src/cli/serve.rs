@@ -18,6 +18,7 @@ Examples:
   edgellm serve --mqtt 192.168.1.10:1883 --device press-7 --state-dir /var/lib/edgellm
   edgellm serve --config edgellm.toml --check     # validate and exit 0 (valid) or 1
   edgellm serve --mqtt off --serial /dev/ttyAMA0:115200:line   # serial only
+  edgellm serve --board rpi4b                     # a board profile (edgellm board list)
 
 Requests go to {prefix}/{device}/request, answers to the MQTT 5 response topic (or
 {prefix}/{device}/response/{id}), the retained status to {prefix}/{device}/status
@@ -57,6 +58,10 @@ pub struct Args {
     /// Serve Modbus TCP on ADDR (`0.0.0.0:502`), as `modbus.tcp`.
     #[arg(long, value_name = "ADDR")]
     modbus_tcp: Option<std::net::SocketAddr>,
+    /// Apply a board profile (`edgellm board list`): threads, CPU affinity, the kernel path
+    /// check, the memory budget. As `model.board`.
+    #[arg(long, value_name = "NAME")]
+    board: Option<String>,
 }
 
 /// The default model: where `models/fetch.sh` puts it.
@@ -82,6 +87,7 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
         threads: a.threads,
         ctx: a.ctx,
         serial: a.serial.clone(),
+        board: a.board.clone(),
     })
     .map_err(|e| e.to_string())?;
     if let Some(addr) = a.modbus_tcp {
@@ -130,6 +136,10 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
                 ports.join(", ")
             }
         );
+        match edgellm::daemon::board::summary(&cfg) {
+            Some(b) => println!("board {b}"),
+            None => println!("board none (no model.board)"),
+        }
         return Ok(());
     }
     let reload = edgellm::daemon::serve::Reload {

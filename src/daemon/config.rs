@@ -15,6 +15,7 @@
 //! Messages name keys, never command-line flags: the CLI maps its flags to [`Overrides`].
 
 pub use super::broker::Broker;
+use crate::board::Profile;
 use crate::engine::store::StoreConfig;
 use crate::engine::{EngineConfig, default_threads};
 use crate::mqtt::contract::{Limits, MAX_NAME_LEN, NameError, Topics};
@@ -181,6 +182,8 @@ pub struct Overrides {
     pub ctx: Option<usize>,
     /// `PATH[:BAUD[:MODE]]` for each port: replaces the file's `[[serial]]` list.
     pub serial: Vec<String>,
+    /// A board profile's name, as `model.board`.
+    pub board: Option<String>,
 }
 
 impl FromStr for Config {
@@ -266,6 +269,12 @@ impl Config {
         if !o.serial.is_empty() {
             set("serial");
         }
+        if o.board.is_some() {
+            set("model.board");
+        }
+        if let Some(b) = &o.board {
+            next.model.board = Some(b.clone());
+        }
         if let Some(m) = &o.model {
             next.model.path = Some(m.clone());
         }
@@ -323,14 +332,27 @@ impl Config {
         Ok(Some(Secret::new(line)))
     }
 
-    /// The engine's sizes.
+    /// The engine's sizes. Threads: `model.threads`, else the board profile's, else the
+    /// default (the big cores, or every core).
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             n_ctx: self.model.ctx,
             chunk: self.model.chunk,
-            threads: self.model.threads.unwrap_or_else(default_threads),
+            threads: self
+                .model
+                .threads
+                .or_else(|| self.board().and_then(|b| b.threads))
+                .unwrap_or_else(default_threads),
             kv_type: self.model.kv_type,
         }
+    }
+
+    /// The board profile `model.board` names (validated: an unknown name is refused).
+    pub fn board(&self) -> Option<&'static Profile> {
+        self.model
+            .board
+            .as_deref()
+            .and_then(|b| crate::board::get(b).ok())
     }
 
     /// The session store, when a state directory is set.

@@ -1,8 +1,9 @@
 //! The daemon layer (`edgellm serve`), above the service and the front ends (`mqtt`, `serial`):
 //! it reads the [`config`], wires the model, the service worker and the front ends together,
-//! and answers to systemd. Nothing below it knows a configuration file exists; each layer
+//! applies the board profile, and answers to systemd. Nothing below it knows a configuration file exists; each layer
 //! takes its own plain settings struct, which [`Config`]'s getters produce.
 
+pub mod board;
 mod broker;
 pub mod config;
 #[cfg(feature = "embedded-broker")]

@@ -30,6 +30,9 @@ pub enum DaemonError {
     Service(#[from] ServiceError),
     #[error("configuration: {0}")]
     Config(String),
+    /// The board profile refuses (the memory budget).
+    #[error("{0}")]
+    Board(String),
     #[error("embedded broker: {0}")]
     Broker(String),
     #[error("cannot start the I/O runtime: {0}")]
@@ -66,8 +69,26 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         },
     )
     .map_err(|e| DaemonError::Model(e.to_string()))?;
-    let engine = Engine::new(Arc::new(m), cfg.engine_config())
+    let engine_cfg = cfg.engine_config();
+    let profile = cfg.board();
+    let mut cpus = Vec::new();
+    if let Some(p) = profile {
+        // Before the engine allocates anything: a refusal now, not an OOM kill later.
+        super::board::check_budget(p, &cfg, &m, &engine_cfg).map_err(DaemonError::Board)?;
+        cpus = super::board::usable_cpus(p);
+    }
+    let engine = Engine::pinned(Arc::new(m), engine_cfg, &cpus)
         .map_err(|e| DaemonError::Model(format!("{}: {e}", model.display())))?;
+    if let Some(p) = profile {
+        super::board::check_kernels(p, engine.kernels().name());
+        tracing::info!(
+            board = %p.name,
+            threads = engine.config().threads,
+            cpus = %crate::board::cpu::format_cpu_list(engine.cpus()),
+            kernels = engine.kernels().name(),
+            "board profile applied"
+        );
+    }
     let board = StatusBoard::new(&engine, &model, cfg.model.board.clone(), started);
     let service = Service::start(
         engine,
@@ -89,6 +110,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         .build()
         .map_err(DaemonError::Runtime)?;
     let result = rt.block_on(async {
+        let signals = catch_signals();
         let (stop_tx, stop_rx) = watch::channel(false);
         let (limits_tx, limits_rx) = watch::channel(cfg.limits());
         let mut board = board;
@@ -215,7 +237,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
 
         let mut current = cfg.clone();
-        wait_for_stop(|| {
+        wait_for_stop(signals, || {
             if apply_reload(&mut current, &reload, &handle, &limits_tx) {
                 notifier.status(&format!("{serving}, configuration reloaded"));
             }
@@ -430,14 +452,26 @@ fn apply_reload(
     true
 }
 
-/// SIGTERM or SIGINT; `on_hup` for each SIGHUP.
-async fn wait_for_stop(mut on_hup: impl FnMut()) {
+/// SIGTERM, SIGINT and SIGHUP, caught from when this is made: before READY, so that a stop
+/// sent as soon as the daemon says it is ready (systemd, a test) is not the default action,
+/// death without the offline status. `None`: the handlers could not be installed.
+type Signals = Option<[tokio::signal::unix::Signal; 3]>;
+
+fn catch_signals() -> Signals {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) else {
+    ) {
+        (Ok(term), Ok(int), Ok(hup)) => Some([term, int, hup]),
+        _ => None,
+    }
+}
+
+/// SIGTERM or SIGINT; `on_hup` for each SIGHUP.
+async fn wait_for_stop(signals: Signals, mut on_hup: impl FnMut()) {
+    let Some([mut term, mut int, mut hup]) = signals else {
         tracing::error!("cannot install signal handlers: stop with SIGKILL");
         return std::future::pending().await;
     };

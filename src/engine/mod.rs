@@ -115,6 +115,36 @@ impl Session {
     }
 }
 
+/// What an engine holds in RAM, known before it is built: the weights (the mapped file, or
+/// the packed copy that replaces its pages), one session's KV cache, the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    pub weights: u64,
+    pub kv_per_session: u64,
+    pub arena: u64,
+}
+
+impl Footprint {
+    /// The footprint of an engine of `cfg` on `model`; `None` if a size overflows.
+    pub fn of(model: &Model, cfg: &EngineConfig) -> Option<Footprint> {
+        let hp = &model.hp;
+        let u = |v: usize| v as u64;
+        let kv = [
+            u(hp.n_layer),
+            u(cfg.n_ctx),
+            u(hp.kv_dim()),
+            u(cfg.kv_type.bytes()),
+        ]
+        .iter()
+        .try_fold(2u64, |p, &x| p.checked_mul(x))?;
+        Some(Footprint {
+            weights: model.gguf().file_size(),
+            kv_per_session: kv,
+            arena: u(Arena::bytes_for(hp, cfg.chunk, cfg.n_ctx, cfg.threads)),
+        })
+    }
+}
+
 /// One model, its kernels, its thread pool and its activation buffers.
 pub struct Engine {
     model: Arc<Model>,
@@ -122,6 +152,8 @@ pub struct Engine {
     pool: Pool,
     arena: Arena,
     cfg: EngineConfig,
+    /// The CPUs its threads are pinned to (empty: not pinned).
+    cpus: Vec<usize>,
 }
 
 impl Engine {
@@ -130,11 +162,31 @@ impl Engine {
         Engine::with_kernels(model, cfg, Kernels::detect()?)
     }
 
+    /// As [`Engine::new`], the worker threads pinned to the CPUs `cpus` (a board profile's big
+    /// cores); the thread that calls [`Engine::feed`] pins itself with
+    /// [`Engine::pin_current_thread`].
+    pub fn pinned(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        cpus: &[usize],
+    ) -> Result<Engine, EngineError> {
+        Engine::build(model, cfg, Kernels::detect()?, cpus)
+    }
+
     /// As [`Engine::new`] with an explicit kernel table.
     pub fn with_kernels(
         model: Arc<Model>,
         cfg: EngineConfig,
         kernels: &'static Kernels,
+    ) -> Result<Engine, EngineError> {
+        Engine::build(model, cfg, kernels, &[])
+    }
+
+    fn build(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        kernels: &'static Kernels,
+        cpus: &[usize],
     ) -> Result<Engine, EngineError> {
         if cfg.n_ctx == 0 || cfg.n_ctx > MAX_CTX {
             return Err(EngineError::Config(format!(
@@ -158,7 +210,7 @@ impl Engine {
         if kernels.packed.is_some() {
             model.pack(cfg.threads);
         }
-        let pool = Pool::new(cfg.threads)?;
+        let pool = Pool::pinned(cfg.threads, cpus)?;
         let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);
         Ok(Engine {
             model,
@@ -166,7 +218,19 @@ impl Engine {
             pool,
             arena,
             cfg,
+            cpus: cpus.to_vec(),
         })
+    }
+
+    /// Pins the calling thread, the pool's thread 0 (the one that calls [`Engine::feed`]), to
+    /// the engine's CPUs; does nothing for an engine that is not pinned.
+    pub fn pin_current_thread(&self) -> std::io::Result<()> {
+        Pool::pin_caller(&self.cpus)
+    }
+
+    /// The CPUs the engine's threads are pinned to (empty: not pinned).
+    pub fn cpus(&self) -> &[usize] {
+        &self.cpus
     }
 
     pub fn model(&self) -> &Arc<Model> {

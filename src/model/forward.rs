@@ -105,6 +105,24 @@ impl Arena {
         }
     }
 
+    /// Bytes [`Arena::new`] would allocate for these sizes, without allocating them (the
+    /// daemon checks them against the board's memory budget before it loads anything).
+    pub fn bytes_for(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize) -> usize {
+        let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
+        let widest = d.max(qd).max(ff);
+        let tmp = (chunk * widest).max(qd + 2 * kvd).max(2 * ff);
+        let floats = chunk * (2 * d + 2 * qd + 2 * kvd + 2 * ff)
+            + tmp
+            + n_threads.max(1) * hp.group() * n_ctx
+            + n_ctx * (hp.n_rot / 2) * 2
+            + hp.n_vocab;
+        let blocks = chunk * widest.div_ceil(32);
+        4 * floats
+            + blocks
+                * (std::mem::size_of::<kernels_neon::BlockQ8_0>()
+                    + std::mem::size_of::<kernels_neon::BlockQ8_1>())
+    }
+
     /// Bytes held (for `inspect` and status).
     pub fn bytes(&self) -> usize {
         4 * (self.x.len()
@@ -397,4 +415,34 @@ fn attention(
             kv.mix_values(k, l, g, s, o);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Arena;
+    use crate::model::synth::{SynthSpec, synth_model};
+
+    #[test]
+    fn the_arena_size_known_before_loading_is_the_size_allocated() {
+        for spec in [
+            SynthSpec::default(),
+            SynthSpec {
+                n_embd: 96,
+                n_head: 6,
+                n_head_kv: 3,
+                n_ff: 224,
+                n_vocab: 517,
+                ..SynthSpec::default()
+            },
+        ] {
+            let hp = synth_model(&spec).hp;
+            for (chunk, ctx, threads) in [(1, 1, 1), (64, 2048, 4), (7, 300, 3), (512, 33, 64)] {
+                assert_eq!(
+                    Arena::bytes_for(&hp, chunk, ctx, threads),
+                    Arena::new(&hp, chunk, ctx, threads).bytes(),
+                    "chunk {chunk}, ctx {ctx}, threads {threads}"
+                );
+            }
+        }
+    }
 }

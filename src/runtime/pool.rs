@@ -133,7 +133,15 @@ impl Pool {
     /// Starts `n_threads - 1` workers (the caller is thread 0). `n_threads` is clamped to
     /// `1..=MAX_THREADS`.
     pub fn new(n_threads: usize) -> std::io::Result<Pool> {
+        Pool::pinned(n_threads, &[])
+    }
+
+    /// As [`Pool::new`], each worker pinned to the CPUs `cpus` (all of them, not one each: the
+    /// scheduler still moves a thread within the set, off a core another process holds).
+    /// Empty: not pinned. A CPU this process may not run on is an error (`EINVAL`).
+    pub fn pinned(n_threads: usize, cpus: &[usize]) -> std::io::Result<Pool> {
         let n = n_threads.clamp(1, MAX_THREADS);
+        let set = cpu_set(cpus)?;
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
             claim: AtomicU64::new(0),
@@ -147,11 +155,20 @@ impl Pool {
             wake: Condvar::new(),
         });
         let mut workers = Vec::with_capacity(n - 1);
+        let pin_error = Arc::new(Mutex::new(None::<std::io::Error>));
         for tid in 1..n {
             let s = Arc::clone(&shared);
+            let err = Arc::clone(&pin_error);
             let h = std::thread::Builder::new()
                 .name(format!("edgellm-w{tid}"))
-                .spawn(move || worker(s, tid))?;
+                .spawn(move || {
+                    if let Some(set) = set
+                        && let Err(e) = pin_current(&set)
+                    {
+                        *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    }
+                    worker(s, tid)
+                })?;
             workers.push(h);
         }
         // Wait until every worker runs: a thread's start-up allocates (its name, its signal
@@ -160,11 +177,25 @@ impl Pool {
         while shared.started.load(Ordering::Acquire) < n - 1 {
             std::thread::yield_now();
         }
-        Ok(Pool {
+        let pool = Pool {
             shared,
             workers,
             section: std::cell::Cell::new(0),
-        })
+        };
+        // Dropping the pool stops the workers already started.
+        if let Some(e) = pin_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(e);
+        }
+        Ok(pool)
+    }
+
+    /// Pins the calling thread (the pool's thread 0, which runs a share of every section) to
+    /// the CPUs `cpus`; empty: does nothing.
+    pub fn pin_caller(cpus: &[usize]) -> std::io::Result<()> {
+        match cpu_set(cpus)? {
+            Some(set) => pin_current(&set),
+            None => Ok(()),
+        }
     }
 
     /// Number of threads, the caller included.
@@ -297,6 +328,33 @@ impl Pool {
     }
 }
 
+/// The kernel's CPU set of `cpus`; `None` for no pinning.
+fn cpu_set(cpus: &[usize]) -> std::io::Result<Option<nix::sched::CpuSet>> {
+    if cpus.is_empty() {
+        return Ok(None);
+    }
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        set.set(c).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("CPU {c}: {}", e.desc()),
+            )
+        })?;
+    }
+    Ok(Some(set))
+}
+
+/// Pins the calling thread (pid 0 is the caller's thread, not the whole process).
+fn pin_current(set: &nix::sched::CpuSet) -> std::io::Result<()> {
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), set).map_err(|e| {
+        std::io::Error::new(
+            std::io::Error::from(e).kind(),
+            format!("cannot pin a worker thread to its CPUs: {}", e.desc()),
+        )
+    })
+}
+
 fn worker(s: Arc<Shared>, tid: usize) {
     s.started.fetch_add(1, Ordering::Release);
     let mut seen = 0usize;
@@ -426,6 +484,40 @@ mod tests {
                 "element {i} written by the wrong thread or twice"
             );
         }
+    }
+
+    /// The CPUs the calling thread may run on, from the kernel.
+    fn affinity_of_this_thread() -> Vec<usize> {
+        let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        (0..nix::sched::CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect()
+    }
+
+    #[test]
+    fn pinned_workers_run_only_on_their_cpus() {
+        let allowed = affinity_of_this_thread();
+        let want = vec![allowed[0]];
+        let pool = Pool::pinned(3, &want).unwrap();
+        let seen = Mutex::new(Vec::new());
+        // Enough chunks that both workers take some (the caller is not pinned here).
+        for _ in 0..200 {
+            pool.run_chunks(12, &|tid, _| {
+                if tid != 0 {
+                    seen.lock().unwrap().push(affinity_of_this_thread());
+                }
+            });
+        }
+        let seen = seen.into_inner().unwrap();
+        assert!(!seen.is_empty(), "no worker ran a chunk");
+        assert!(seen.iter().all(|a| *a == want), "{seen:?} not all {want:?}");
+    }
+
+    #[test]
+    fn pinning_to_a_cpu_this_machine_lacks_is_an_error() {
+        let e = Pool::pinned(2, &[1023]).err().expect("pinned to CPU 1023");
+        assert!(e.to_string().contains("pin"), "{e}");
+        assert!(Pool::pinned(2, &[5000]).is_err(), "beyond the CPU set");
     }
 
     #[test]

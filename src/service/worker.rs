@@ -352,7 +352,13 @@ impl Service {
         };
         let thread = std::thread::Builder::new()
             .name("edgellm-worker".into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                // The engine's thread 0 runs here: on the engine's CPUs, as its workers.
+                if let Err(e) = worker.engine.pin_current_thread() {
+                    tracing::warn!("the service worker runs unpinned: {e}");
+                }
+                worker.run()
+            })
             .map_err(|e| {
                 ServiceError::new(ErrorCode::Internal, format!("cannot start the worker: {e}"))
             })?;

@@ -83,6 +83,7 @@ impl Config {
                     format!("{b:?}: a profile name is 1 to 64 letters, digits, . - or _"),
                 ));
             }
+            crate::board::get(b).map_err(|e| bad("model.board", e.to_string()))?;
         }
         Ok(())
     }

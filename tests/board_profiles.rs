@@ -1,0 +1,90 @@
+//! The board profiles' decode estimates stay true: every profile has one for each model of
+//! models/models.toml, and each is recomputed here from the real model file (the weight bytes
+//! one token reads, as the engine counts them) and the profile's bandwidth. A model file that
+//! is missing fails the test (run models/fetch.sh), it does not skip it.
+
+mod common;
+
+use edgellm::board;
+use edgellm::model::{LoadOptions, Model};
+use std::path::PathBuf;
+
+/// Where the models are: `$EDGELLM_MODEL_DIR`, else `${EDGELLM_CACHE:-~/.cache/edgellm}/models`
+/// (where models/fetch.sh puts them).
+fn model_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("EDGELLM_MODEL_DIR") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("EDGELLM_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/edgellm")))
+        .expect("neither EDGELLM_MODEL_DIR, EDGELLM_CACHE nor HOME is set");
+    cache.join("models")
+}
+
+/// The `file` of every `[[model]]` of models/models.toml.
+fn model_files() -> Vec<String> {
+    let text = std::fs::read_to_string(common::repo_root().join("models/models.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&text).unwrap();
+    v["model"]
+        .as_array()
+        .expect("[[model]] entries")
+        .iter()
+        .map(|m| m["file"].as_str().expect("model.file").to_owned())
+        .collect()
+}
+
+/// The bound as the profiles write it: tokens/s to one decimal.
+fn bound(gbs: f64, weight_bytes: u64) -> f64 {
+    (gbs * 1e9 / weight_bytes as f64 * 10.0).round() / 10.0
+}
+
+#[test]
+fn every_profile_estimates_every_model_from_its_real_weight_bytes() {
+    let files = model_files();
+    assert!(!files.is_empty());
+    let dir = model_dir();
+    let mut stale = Vec::new();
+    for file in &files {
+        let path = dir.join(file);
+        assert!(
+            path.is_file(),
+            "{} is missing: run models/fetch.sh (it fills ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models), \
+             or point EDGELLM_MODEL_DIR at the models",
+            path.display()
+        );
+        let m = Model::load(&path, &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let bytes = m.weight_bytes_per_token() as u64;
+        for p in board::profiles() {
+            let want = bound(p.bandwidth.gbs, bytes);
+            match p.estimate_for(file) {
+                None => stale.push(format!("board/{}.toml: no estimate for {file}", p.name)),
+                Some(e) if e.weight_bytes != bytes || e.decode_tps != want => stale.push(format!(
+                    "board/{}.toml: {file}: weight_bytes = {bytes}, decode_tps = {want:.1} \
+                     (it says {} and {})",
+                    p.name, e.weight_bytes, e.decode_tps
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    for p in board::profiles() {
+        for e in &p.estimate {
+            if !files.contains(&e.file) {
+                stale.push(format!(
+                    "board/{}.toml: {} is not in models/models.toml",
+                    p.name, e.file
+                ));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "stale estimates:\n{}", stale.join("\n"));
+}
+
+#[test]
+fn the_bound_is_bandwidth_over_bytes_per_token() {
+    // 5.5 GB/s over 55 MB per token: 100 tokens/s.
+    assert_eq!(bound(5.5, 55_000_000), 100.0);
+    assert_eq!(bound(17.0, 3_000_000_000), 5.7);
+}
