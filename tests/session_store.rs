@@ -309,9 +309,10 @@ fn another_resident_session_serves_as_a_prefix() {
 }
 
 /// Two turns saved (two records), then one byte flipped: in the last record it reads as a torn
-/// last turn (restored to the first turn, the second recomputed from its intact token ids); in
-/// the first record it is corruption (the file is moved aside and every token recomputed).
-/// Either way the conversation continues exactly.
+/// last turn, which opening the store cuts off (the file is its first turn again, as
+/// `edgellm kv verify` passes it; the second turn is computed anew); in the first record it is
+/// corruption (the file is moved aside at its first load and every token recomputed from the
+/// intact token ids). Either way the conversation continues exactly.
 #[test]
 fn damaged_session_files_are_recomputed_from_their_tokens() {
     let m = model();
@@ -340,11 +341,17 @@ fn damaged_session_files_are_recomputed_from_their_tokens() {
 
     flip(good.len() - 10); // the second record's K/V rows
     let mut st = open(&e, dir.path(), 1, u64::MAX);
+    // Opening the store cut the torn record off: the file is its first record, whole.
+    assert_eq!(st.status().tails_cut, 1);
+    let (_, parsed) = edgellm::kv::file::read(&path).unwrap();
+    assert!(parsed.torn.is_none());
+    assert_eq!(parsed.tokens.len(), len1);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), parsed.valid_len);
     let (g, r) = turn(&mut st, &mut e, "bad", &p2);
     let want = Source::File {
         tokens: len1,
-        torn_tail: true,
-        recomputed: len2 - len1,
+        torn_tail: false,
+        recomputed: 0,
     };
     assert_eq!(r.source, want);
     assert_eq!(g, expect);

@@ -136,75 +136,36 @@ impl SnapshotFile {
         if !self.path.exists() {
             return Ok(None);
         }
-        let io = |e| KvError::io(&self.path, e);
-        let mut f = File::open(&self.path).map_err(io)?;
-        let len = f.metadata().map_err(io)?.len();
-        let mut buf = vec![0u8; HEADER_LEN.min(len as usize)];
-        f.read_exact(&mut buf).map_err(io)?;
-        let g = snapshot::decode_header(&buf)?;
-        g.check_matches(&self.geometry)?;
         // The cache may be shorter than the file's context (a cached prefix holds only its
         // own positions); rows past its end are refused below.
-        let cache_shape = (kv.n_layer(), kv.kv_dim(), kv.ty());
-        if cache_shape != (g.n_layer as usize, g.kv_dim as usize, g.dtype)
-            || kv.n_ctx() > g.n_ctx as usize
-        {
-            return Err(KvError::Mismatch {
-                field: "cache shape",
-                file: format!("{:?}", (g.n_layer, g.kv_dim, g.dtype, g.n_ctx)),
-                expected: format!("{:?}", (cache_shape, kv.n_ctx())),
-            });
-        }
-        let max = max_file_len(&g);
-        if len > max {
-            return Err(too_long(len, max));
-        }
+        let (cache_shape, cache_ctx) = ((kv.n_layer(), kv.kv_dim(), kv.ty()), kv.n_ctx());
+        let cache_fits = |g: &Geometry| {
+            if cache_shape != (g.n_layer as usize, g.kv_dim as usize, g.dtype)
+                || cache_ctx > g.n_ctx as usize
+            {
+                return Err(KvError::Mismatch {
+                    field: "cache shape",
+                    file: format!("{:?}", (g.n_layer, g.kv_dim, g.dtype, g.n_ctx)),
+                    expected: format!("{:?}", (cache_shape, cache_ctx)),
+                });
+            }
+            Ok(())
+        };
         let mut tokens = Vec::new();
-        let mut at = HEADER_LEN as u64;
-        let mut torn = None;
-        while at < len {
-            let rest = len - at;
-            let head = (RECORD_HEADER_LEN as u64).min(rest) as usize;
-            buf.clear();
-            buf.resize(head, 0);
-            f.read_exact(&mut buf).map_err(io)?;
-            let extent = snapshot::record_extent(&g, &buf, rest) as usize;
-            // Read the rest into spare capacity (no zero-fill of megabytes first).
-            let want = extent.max(head) - head;
-            buf.reserve(want);
-            let got = (&mut f)
-                .take(want as u64)
-                .read_to_end(&mut buf)
-                .map_err(io)?;
-            if got != want {
-                return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+        let walked = walk(&self.path, &self.geometry, cache_fits, |rec, bytes| {
+            if !kv.read_rows(rec.info.first as usize, &bytes[rec.info.kv.clone()]) {
+                return Err(KvError::Invalid {
+                    section: "record K/V rows",
+                    offset: rec.info.offset,
+                    why: "rows do not fit the cache".into(),
+                });
             }
-            match snapshot::check_record(&g, &buf, at, rest, tokens.len()) {
-                Ok(rec) => {
-                    if !kv.read_rows(rec.info.first as usize, &buf[rec.info.kv.clone()]) {
-                        return Err(KvError::Invalid {
-                            section: "record K/V rows",
-                            offset: at,
-                            why: "rows do not fit the cache".into(),
-                        });
-                    }
-                    tokens.extend_from_slice(&rec.tokens);
-                    at += rec.end as u64;
-                }
-                Err(Fault::Torn(reason)) => {
-                    torn = Some(TornTail {
-                        offset: at,
-                        bytes: rest,
-                        reason,
-                    });
-                    break;
-                }
-                Err(Fault::Corrupt(e)) => return Err(e),
-            }
-        }
+            tokens.extend_from_slice(&rec.tokens);
+            Ok(())
+        })?;
         self.tokens = tokens;
-        self.valid_len = Some(at);
-        Ok(torn)
+        self.valid_len = Some(walked.valid_len);
+        Ok(walked.torn)
     }
 
     /// Saves `tokens` (whose K/V rows `kv` holds at positions `0..tokens.len()`): appends the
@@ -351,6 +312,96 @@ fn sync_dir(dir: &Path) -> Result<(), KvError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| KvError::io(dir, e))
+}
+
+/// Where [`walk`] stopped.
+struct Walked {
+    /// End of the last complete record.
+    valid_len: u64,
+    torn: Option<TornTail>,
+}
+
+/// Reads the snapshot at `path` (made for `want`) one record at a time, checking each, and
+/// hands each complete record and its bytes to `on_record` (after `on_header` has accepted the
+/// file's header); stops at a torn tail. Memory is one record (at most
+/// [`MAX_RECORD_POSITIONS`] positions for the files we write), never the file.
+fn walk(
+    path: &Path,
+    want: &Geometry,
+    on_header: impl FnOnce(&Geometry) -> Result<(), KvError>,
+    mut on_record: impl FnMut(&snapshot::Rec, &[u8]) -> Result<(), KvError>,
+) -> Result<Walked, KvError> {
+    let io = |e| KvError::io(path, e);
+    let mut f = File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let mut buf = vec![0u8; HEADER_LEN.min(len as usize)];
+    f.read_exact(&mut buf).map_err(io)?;
+    let g = snapshot::decode_header(&buf)?;
+    g.check_matches(want)?;
+    on_header(&g)?;
+    let max = max_file_len(&g);
+    if len > max {
+        return Err(too_long(len, max));
+    }
+    let mut have = 0usize;
+    let mut at = HEADER_LEN as u64;
+    let mut torn = None;
+    while at < len {
+        let rest = len - at;
+        let head = (RECORD_HEADER_LEN as u64).min(rest) as usize;
+        buf.clear();
+        buf.resize(head, 0);
+        f.read_exact(&mut buf).map_err(io)?;
+        let extent = snapshot::record_extent(&g, &buf, rest) as usize;
+        // Read the rest into spare capacity (no zero-fill of megabytes first).
+        let want = extent.max(head) - head;
+        buf.reserve(want);
+        let got = (&mut f)
+            .take(want as u64)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
+        if got != want {
+            return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        match snapshot::check_record(&g, &buf, at, rest, have) {
+            Ok(mut rec) => {
+                rec.info.offset = at;
+                on_record(&rec, &buf)?;
+                have += rec.tokens.len();
+                at += rec.end as u64;
+            }
+            Err(Fault::Torn(reason)) => {
+                torn = Some(TornTail {
+                    offset: at,
+                    bytes: rest,
+                    reason,
+                });
+                break;
+            }
+            Err(Fault::Corrupt(e)) => return Err(e),
+        }
+    }
+    Ok(Walked {
+        valid_len: at,
+        torn,
+    })
+}
+
+/// Checks the snapshot at `path` (made for `want`: every checksum, one record in memory at a
+/// time) and cuts a torn tail off, so that the file ends at its last complete record: a turn
+/// whose save a power cut interrupted was never acknowledged, and the file is left as
+/// `edgellm kv verify` passes it. Returns the tail cut, if any. A file for another shape, or
+/// damaged before its end, is left as it is and the error says why (loading it moves it aside
+/// and salvages its tokens).
+pub fn cut_torn_tail(path: &Path, want: &Geometry) -> Result<Option<TornTail>, KvError> {
+    let walked = walk(path, want, |_| Ok(()), |_, _| Ok(()))?;
+    if walked.torn.is_some() {
+        let io = |e| KvError::io(path, e);
+        let f = OpenOptions::new().write(true).open(path).map_err(io)?;
+        f.set_len(walked.valid_len).map_err(io)?;
+        f.sync_data().map_err(io)?;
+    }
+    Ok(walked.torn)
 }
 
 /// Moves a bad snapshot aside to `<path>.corrupt-<unix seconds>[-n]` (keeping it for a post-mortem

@@ -95,6 +95,8 @@ pub struct StoreStatus {
     pub restored: u64,
     /// Snapshot files refused (moved aside); their tokens were recomputed when intact.
     pub refused: u64,
+    /// Torn last records (interrupted saves) cut off the session files at start.
+    pub tails_cut: u64,
     pub saves: u64,
     pub save_failures: u64,
     /// Sessions dropped from RAM (their files keep them).
@@ -236,12 +238,54 @@ impl SessionStore {
             status,
             _lock: lock,
         };
+        store.cut_torn_tails();
         store.status.disk_bytes = store.disk_usage().total;
         Ok(store)
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// At start, checks every session file and cuts off a torn last record: a save that a power
+    /// cut or a crash interrupted, whose answer was never sent (the final message follows the
+    /// save). The files are then as `edgellm kv verify` passes them, before any request. A file
+    /// damaged before its end, or made for another model or context, is left for its first
+    /// load, which moves it aside and salvages its tokens. Costs one read of the sessions.
+    fn cut_torn_tails(&mut self) {
+        let Ok(rd) = std::fs::read_dir(self.dir.join(SESSIONS)) else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let (mut files, mut cut, mut left) = (0u32, 0u32, 0u32);
+        for e in rd.flatten() {
+            let path = e.path();
+            if path.extension().is_none_or(|x| x != "kv") {
+                continue;
+            }
+            files += 1;
+            match crate::kv::file::cut_torn_tail(&path, &self.geometry) {
+                Ok(None) => {}
+                Ok(Some(t)) => {
+                    cut += 1;
+                    tracing::warn!(file = %path.display(), "{t}: cut off at start");
+                }
+                Err(err) => {
+                    left += 1;
+                    tracing::warn!(file = %path.display(), "left for its first load: {err}");
+                }
+            }
+        }
+        self.status.tails_cut += u64::from(cut);
+        if files > 0 {
+            tracing::info!(
+                files,
+                torn_tails_cut = cut,
+                left_for_load = left,
+                ms = started.elapsed().as_millis() as u64,
+                "session files checked"
+            );
+        }
     }
 
     /// The snapshot file of session `id`.
