@@ -113,7 +113,12 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
         Ok(c) => c,
         Err(e) => {
             super::init_logging(verbose, "info");
-            return Err(Box::new(super::Refused(e)));
+            // `--check` answers 0 or 1; a start it refuses exits 78 (see Refused).
+            return Err(if a.check {
+                e.into()
+            } else {
+                Box::new(super::Refused(e))
+            });
         }
     };
     let ring = std::sync::Arc::new(super::logring::LogRing::default());
@@ -150,7 +155,7 @@ pub fn run(a: Args, verbose: u8) -> CliResult {
     use edgellm::daemon::serve::DaemonError;
     match edgellm::daemon::serve::serve(cfg, model, reload) {
         Ok(()) => Ok(()),
-        Err(e @ (DaemonError::Model(_) | DaemonError::Config(_))) => {
+        Err(e @ (DaemonError::Model(_) | DaemonError::Config(_) | DaemonError::Board(_))) => {
             Err(Box::new(super::Refused(e.to_string())))
         }
         Err(e) => Err(e.into()),
