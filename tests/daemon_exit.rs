@@ -26,8 +26,10 @@ fn a_model_that_does_not_load_exits_78_and_says_why() {
     let bad = dir.path().join("corrupt.gguf");
     // A GGUF magic and version, then a tensor count far past the file.
     let mut f = std::fs::File::create(&bad).unwrap();
-    f.write_all(b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00\x00\x00\x00\x00\x00\x00")
-        .unwrap();
+    f.write_all(
+        b"GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00\x00\x00\x00\x00\x00\x00",
+    )
+    .unwrap();
     drop(f);
     let o = serve(&["--model", bad.to_str().unwrap()]);
     let e = stderr(&o);
