@@ -7,6 +7,9 @@
 #   - socat (serial tests: pty pairs behind link paths that vanish and return) and mbpoll (a
 #     second, independent Modbus master for the Modbus tests)
 #   - g++ for aarch64: bench/build-llamacpp.sh cross-builds llama.cpp (C++) for the emulated comparison
+#   - packaging and the emulated board: cargo-deb (from crates.io, pinned), file, python3-venv
+#     (oelint-adv and kas from PyPI, by scripts/check-yocto.sh), mmdebstrap with arch-test and
+#     binfmt-support (the board's arm64 root filesystem), qemu-system-arm (the board itself)
 #   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
 set -euo pipefail
 
@@ -17,7 +20,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
 for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl socat mbpoll unzip \
-         g++-aarch64-linux-gnu; do
+         g++-aarch64-linux-gnu file python3-venv mmdebstrap arch-test binfmt-support qemu-system-arm e2fsprogs; do
     have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -25,5 +28,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+# cargo-deb builds the .debs (scripts/build-deb.sh); pinned, so a new release cannot change them.
+cargo_deb=3.8.0
+if [ "$(cargo deb --version 2>/dev/null | awk '{print $2}')" != "$cargo_deb" ]; then
+    echo "setup: cargo install cargo-deb $cargo_deb" >&2
+    cargo install --quiet --locked cargo-deb --version "$cargo_deb"
 fi
 echo "setup: cross toolchain ready: $(/usr/bin/rustc --version), $(qemu-aarch64-static --version | head -n1)" >&2

@@ -49,9 +49,15 @@ do_install:append() {
         ${S}/board/systemd/edgellm.service > ${D}${systemd_system_unitdir}/edgellm.service
     chmod 0644 ${D}${systemd_system_unitdir}/edgellm.service
 
+    # The USB serial cores, loaded before the unit starts (its DeviceAllow=char-ttyUSB).
+    install -d ${D}${nonarch_libdir}/modules-load.d
+    install -m 0644 ${S}/board/systemd/modules-load.conf ${D}${nonarch_libdir}/modules-load.d/edgellm.conf
+
     # Readable by the daemon's group only: it may name broker credentials.
     install -d ${D}${sysconfdir}/edgellm
     install -m 0640 -g edgellm ${S}/board/systemd/edgellm.toml ${D}${sysconfdir}/edgellm/edgellm.toml
 }
 
 CONFFILES:${PN} = "${sysconfdir}/edgellm/edgellm.toml"
+FILES:${PN} += "${nonarch_libdir}/modules-load.d/edgellm.conf"
+RRECOMMENDS:${PN} += "kernel-module-usbserial kernel-module-cdc-acm"
