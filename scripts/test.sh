@@ -4,7 +4,9 @@
 #   2. fetches the test model into the cache (~/.cache/edgellm, outside the repo),
 #   3. runs every test natively (x86_64), the real-model tests included,
 #   4. checks that the workspace builds with the minimum Rust version (rustup installs it),
-#   5. runs the kernel and engine tests for aarch64 under qemu on three CPU models.
+#   5. runs the kernel and engine tests for aarch64 under qemu on three CPU models,
+#   6. checks the Yocto layer and the Debian packages, and boots the emulated arm64 board
+#      (scripts/board-test.sh: its root filesystem is cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,15 @@ trap '[ -z "$stage_name" ] || printf "=== took %ds: %s\n=== all stages: %ds\n" $
 
 step "setup (apt packages; no-op when installed)"
 if [ "$(id -u)" = 0 ]; then scripts/setup.sh; else sudo scripts/setup.sh; fi
+
+# The emulated board's root filesystem, when it is not cached yet, is built meanwhile: mostly
+# emulated dpkg work on one core, while the tests below often wait on their child processes.
+rootfs_log="$PWD/target/board-rootfs.log"
+mkdir -p target
+setsid scripts/board-test.sh --rootfs-only >"$rootfs_log" 2>&1 &
+rootfs_pid=$!
+# A stage that fails stops the script: the build in the background stops with it.
+trap 'kill -- -"$rootfs_pid" 2>/dev/null || true; [ -z "$stage_name" ] || printf "=== took %ds: %s\n=== all stages: %ds\n" $((SECONDS - stage_start)) "$stage_name" "$SECONDS"' EXIT
 
 step "model files (fetched and derived once, then verified)"
 cargo build --release --quiet --bin edgellm
@@ -71,3 +82,16 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
 step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
     scripts/test-aarch64.sh -p edgellm --test engine_real greedy_ids_are_identical
+
+# Firmware packaging (issue #16). The aarch64 release binary is built once, the way the Yocto
+# recipe builds it, and then packaged and booted.
+step "Yocto layer: oelint-adv wrynose, kas schema, crates file, the recipe's aarch64 release build"
+scripts/check-yocto.sh
+step "Debian packages (amd64, arm64): contents, systemd-analyze verify and security"
+scripts/check-package.sh
+step "emulated board (qemu-system-aarch64 cortex-a72): boot, UART, MQTT, watchdog, reboot, ${EDGELLM_POWER_CUTS:-20} power cuts"
+rootfs_ok=0
+wait "$rootfs_pid" || rootfs_ok=$?
+cat "$rootfs_log"
+[ "$rootfs_ok" = 0 ] || { echo "the board's root filesystem could not be built (above)" >&2; exit 1; }
+scripts/board-test.sh
