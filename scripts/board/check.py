@@ -276,11 +276,15 @@ class Mqtt:
         check(p.returncode == 0, f"mosquitto_rr: exit {p.returncode}: {err.strip()}")
         return json.loads(out.strip().splitlines()[-1])
 
-    def popen(self, body, timeout):
+    def popen(self, body, timeout, expiry=None):
+        """`expiry`: seconds the broker keeps the request for a daemon that is not there (MQTT
+        5 message expiry), so that the requests a power cut left waiting are not all answered
+        again at the next boot, which would only make each cycle longer."""
+        props = ["-D", "PUBLISH", "message-expiry-interval", str(expiry)] if expiry else []
         return subprocess.Popen(
             ["mosquitto_rr", "-V", "5", "-h", "127.0.0.1", "-p", str(self.port), "-q", "1",
              "-t", "edgellm/board/request", "-e", f"board-check/{body['id']}",
-             "-m", json.dumps(body), "-W", str(timeout)],
+             "-m", json.dumps(body), "-W", str(timeout)] + props,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait_idle(self, timeout=240, quiet=3.0):
@@ -446,16 +450,28 @@ def run(board, mqtt, cuts, rng):
         # A turn on each session, all at once: they queue and are saved one after another.
         pending = {}
         for s, hist in convs.items():
-            q = turn(s, hist, rng.choice(["Tell me about pumps.", "And valves?", "Why?", "Go on.", "Summarise."]))
+            q = turn(s, hist, rng.choice(["Tell me about pumps.", "And valves?", "Why?", "Go on.", "Summarise."]), n=6)
             q["id"] = f"cut{cut}-{s}"
-            pending[s] = (q, mqtt.popen(q, 120))
-        # The cut lands while the queue is working: after the first answer, at a random moment
-        # of the next turns (computing, or writing their records and syncing them).
+            pending[s] = (q, mqtt.popen(q, 120, expiry=20))
+        # The cut lands while the queue is working: after the first answer, the next turns
+        # compute, then write their records and sync them. Odd cuts come at a random moment of
+        # that; even ones at a write: within 20 ms of the disk image changing (the guest's
+        # writeback reaching it: a session's record, the answer journal, ext4's journal).
         first = time.monotonic() + 150
         while time.monotonic() < first and all(p.poll() is None for _, p in pending.values()):
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 6.0))
+        at_write = cut % 2 == 0
+        if at_write:
+            disk = os.path.join(board.work, "disk.img")
+            seen = os.stat(disk).st_mtime_ns
+            until = time.monotonic() + 30
+            while os.stat(disk).st_mtime_ns == seen and time.monotonic() < until:
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0.0, 0.02))
+        else:
+            time.sleep(rng.uniform(0.0, 6.0))
         board.power_cut()
+        stats["cut_at_a_write" if at_write else "cut_at_random"] = stats.get("cut_at_a_write" if at_write else "cut_at_random", 0) + 1
         stats["cuts"] += 1
         for s, (q, p) in pending.items():
             try:

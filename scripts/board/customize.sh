@@ -30,7 +30,7 @@ stty -echo 2>/dev/null
 SH
 
 for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
-            e2scrub_reap.service getty@tty1.service; do
+            e2scrub_reap.service getty@tty1.service getty-static.service; do
     ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done
 
