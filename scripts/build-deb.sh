@@ -23,7 +23,10 @@ for arch in "${arches[@]}"; do
                 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
                 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
                 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
-                cargo build --release --frozen --quiet --target aarch64-unknown-linux-gnu --bin edgellm
+                # Exactly scripts/check-yocto.sh's build (the recipe's flags), so that CI builds
+                # the aarch64 release binary once.
+                cargo build --release --frozen --quiet --target aarch64-unknown-linux-gnu \
+                    --no-default-features --features embedded-broker
                 cargo deb --no-build --strip --target aarch64-unknown-linux-gnu --output target/debian/ 2>/dev/null
             )
             ;;
