@@ -25,7 +25,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 stage_start=$SECONDS
-stage() { printf '=== board: %s (+%ds)\n' "$*" $((SECONDS - stage_start)); stage_start=$SECONDS; }
+stage_name=
+stage() { # prints how long the stage before took, then names the next
+    [ -z "$stage_name" ] || printf '=== board: took %ds: %s\n' $((SECONDS - stage_start)) "$stage_name"
+    printf '=== board: %s\n' "$*"
+    stage_start=$SECONDS stage_name=$*
+}
 die() { echo "board-test: error: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root (it builds a root filesystem with chroot)"
 
@@ -94,4 +99,4 @@ rm -rf "$root"
 stage "boot and check (scripts/board/check.py)"
 python3 scripts/board/check.py --work "$work" --edgellm "${EDGELLM_BIN:-target/release/edgellm}" \
     --power-cuts "${EDGELLM_POWER_CUTS:-20}"
-stage "done"
+stage "done: the emulated board passed"

@@ -347,9 +347,8 @@ def sessions_on_flash(board):
     Fails unless every .kv file passes `edgellm kv verify`."""
     _, out = board.console.sh(
         f"cd {SESSIONS} && for f in *; do [ -e \"$f\" ] || continue; case $f in "
-        f"*.kv) if edgellm kv verify -m {MODEL} --ctx {CTX} \"$f\" >/dev/null 2>/tmp/v; then "
-        f"echo \"ok $f $(edgellm kv inspect \"$f\" | sed -n 's/^tokens: *//p')\"; "
-        f"else echo \"bad $f $(tr '\\n' ' ' </tmp/v)\"; fi;; "
+        f"*.kv) if v=$(edgellm kv verify -m {MODEL} --ctx {CTX} \"$f\" 2>&1); then "
+        f"echo \"ok $f $v\"; else echo \"bad $f $v\" | tr '\\n' ' '; echo; fi;; "
         f"*.corrupt-*) echo \"aside $f\";; *) echo \"other $f\";; esac; done; cd /",
         timeout=300)
     have, aside = {}, []
@@ -359,7 +358,10 @@ def sessions_on_flash(board):
             continue
         check(parts[0] != "bad", f"a session file fails `edgellm kv verify`: {line}")
         if parts[0] == "ok":
-            have[parts[1][: -len(".kv")]] = int(parts[2])
+            # `kv verify` says "FILE: ok (N tokens in R records)".
+            m = re.search(r"\((\d+) tokens", line)
+            check(m is not None, f"unexpected `edgellm kv verify` output: {line}")
+            have[parts[1][: -len(".kv")]] = int(m.group(1))
         elif parts[0] == "aside":
             aside.append(parts[1])
     return have, aside
