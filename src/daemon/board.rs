@@ -68,7 +68,7 @@ pub fn check_kernels(p: &Profile, running: &str) {
 pub fn kv_sessions(cfg: &Config, kv_per_session: u64) -> u64 {
     match &cfg.store_config() {
         None => 1,
-        Some(s) => 1 + (s.ram_bytes / kv_per_session.max(1)).max(1),
+        Some(s) => 1 + s.max_resident(kv_per_session),
     }
 }
 

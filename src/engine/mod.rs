@@ -8,7 +8,7 @@ pub mod store;
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
 pub use sampler::{Sampler, SamplingError, SamplingParams};
 
-use crate::kv::{KvCache, KvType};
+use crate::kv::{Geometry, KvCache, KvType};
 use crate::model::Model;
 use crate::model::forward::{Arena, forward};
 use crate::runtime::pool::{self, Pool};
@@ -127,20 +127,11 @@ pub struct Footprint {
 impl Footprint {
     /// The footprint of an engine of `cfg` on `model`; `None` if a size overflows.
     pub fn of(model: &Model, cfg: &EngineConfig) -> Option<Footprint> {
-        let hp = &model.hp;
-        let u = |v: usize| v as u64;
-        let kv = [
-            u(hp.n_layer),
-            u(cfg.n_ctx),
-            u(hp.kv_dim()),
-            u(cfg.kv_type.bytes()),
-        ]
-        .iter()
-        .try_fold(2u64, |p, &x| p.checked_mul(x))?;
+        let kv = Geometry::of(model, cfg.n_ctx, cfg.kv_type).kv_bytes(cfg.n_ctx as u64)?;
         Some(Footprint {
             weights: model.gguf().file_size(),
             kv_per_session: kv,
-            arena: u(Arena::bytes_for(hp, cfg.chunk, cfg.n_ctx, cfg.threads)),
+            arena: Arena::bytes_for(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads) as u64,
         })
     }
 }

@@ -35,14 +35,22 @@ fn too_long(len: u64, max: u64) -> KvError {
     }
 }
 
-/// Reads and parses a snapshot file (checks everything but which model it belongs to).
-pub fn read(path: &Path) -> Result<(Vec<u8>, Parsed), KvError> {
+/// Opens the snapshot at `path` and reads its header: the file (positioned after the header),
+/// its length, the header's bytes and the geometry they give.
+fn open_header(path: &Path) -> Result<(File, u64, Vec<u8>, Geometry), KvError> {
     let io = |e| KvError::io(path, e);
     let mut f = File::open(path).map_err(io)?;
     let len = f.metadata().map_err(io)?.len();
     let mut head = vec![0u8; HEADER_LEN.min(len as usize)];
     f.read_exact(&mut head).map_err(io)?;
     let g = snapshot::decode_header(&head)?;
+    Ok((f, len, head, g))
+}
+
+/// Reads and parses a snapshot file (checks everything but which model it belongs to).
+pub fn read(path: &Path) -> Result<(Vec<u8>, Parsed), KvError> {
+    let io = |e| KvError::io(path, e);
+    let (mut f, len, head, g) = open_header(path)?;
     let max = max_file_len(&g);
     if len > max {
         return Err(too_long(len, max));
@@ -332,11 +340,7 @@ fn walk(
     mut on_record: impl FnMut(&snapshot::Rec, &[u8]) -> Result<(), KvError>,
 ) -> Result<Walked, KvError> {
     let io = |e| KvError::io(path, e);
-    let mut f = File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
-    let mut buf = vec![0u8; HEADER_LEN.min(len as usize)];
-    f.read_exact(&mut buf).map_err(io)?;
-    let g = snapshot::decode_header(&buf)?;
+    let (mut f, len, mut buf, g) = open_header(path)?;
     g.check_matches(want)?;
     on_header(&g)?;
     let max = max_file_len(&g);

@@ -81,6 +81,14 @@ pub struct StoreConfig {
     pub max_sessions: Option<usize>,
 }
 
+impl StoreConfig {
+    /// Sessions kept resident when each KV cache is `per_session` bytes: as many as
+    /// `ram_bytes` holds, at least one.
+    pub fn max_resident(&self, per_session: u64) -> u64 {
+        (self.ram_bytes / per_session.max(1)).max(1)
+    }
+}
+
 /// Counters and the last error, for a status request or a log line.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StoreStatus {
@@ -217,7 +225,7 @@ impl SessionStore {
             .kv_bytes(ec.n_ctx as u64)
             .unwrap_or(u64::MAX)
             .max(1);
-        let max_resident = (cfg.ram_bytes / per_session).max(1) as usize;
+        let max_resident = cfg.max_resident(per_session) as usize;
         status.max_resident = max_resident;
         tracing::info!(
             dir = %dir.display(),
