@@ -19,14 +19,9 @@ for arch in "${arches[@]}"; do
             ;;
         arm64)
             (
-                export RUSTC=/usr/bin/rustc
-                export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-                export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-                export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
-                # Exactly scripts/check-yocto.sh's build (the recipe's flags), so that CI builds
-                # the aarch64 release binary once.
-                cargo build --release --frozen --quiet --target aarch64-unknown-linux-gnu \
-                    --no-default-features --features embedded-broker
+                . scripts/aarch64-env.sh
+                # The build check-yocto.sh makes (the recipe's): CI builds it once.
+                aarch64_release_build
                 cargo deb --no-build --strip --target aarch64-unknown-linux-gnu --output target/debian/ 2>/dev/null
             )
             ;;

@@ -75,17 +75,13 @@ python3 yocto/scripts/update-crates.py --check
 # --no-default-features and PACKAGECONFIG's --features; no RUSTFLAGS with target-cpu, so the
 # binary runs on any ARMv8.0 core and picks its kernels at run time.
 echo "check-yocto: aarch64 release build as the recipe does it (--frozen, no target-cpu)"
-export RUSTC=/usr/bin/rustc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
+. scripts/aarch64-env.sh
 unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS
 if grep -rn '^[^#]*target-cpu' .cargo/ 2>/dev/null; then
     echo "check-yocto: .cargo/ sets target-cpu (above); the recipe's build has none" >&2
     exit 1
 fi
-cargo build --release --frozen --quiet --target aarch64-unknown-linux-gnu \
-    --no-default-features --features embedded-broker
+aarch64_release_build
 bin="$CARGO_TARGET_DIR/aarch64-unknown-linux-gnu/release/edgellm"
 machine=$(aarch64-linux-gnu-readelf -h "$bin" | sed -n 's/^ *Machine: *//p')
 [ "$machine" = AArch64 ] || { echo "check-yocto: $bin is not an aarch64 binary (ELF machine: ${machine:-none})" >&2; exit 1; }

@@ -11,11 +11,7 @@
 # with it every thread spawn hangs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export RUSTC=/usr/bin/rustc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-# A target dir of its own: Debian's rustc must not share artefacts with rustup's.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
+. scripts/aarch64-env.sh
 args=("$@")
 # --tests: doctests would need a rustdoc for the target, and test nothing ARM-specific.
 [ ${#args[@]} -gt 0 ] || args=(-p kernels_neon --tests)
