@@ -13,13 +13,34 @@ cd "$(dirname "$0")/.."
 # Each stage's header says how long the one before it took; the last line gives the total.
 stage_start=$SECONDS
 stage_name=
+# CI machines differ in free disk (one ran out during this script): each stage says what the
+# build trees and the cache hold and what is left.
+disk() {
+    local cache="${EDGELLM_CACHE:-$HOME/.cache/edgellm}" t c
+    t=$(du -sh target 2>/dev/null | cut -f1) c=$(du -sh "$cache" 2>/dev/null | cut -f1)
+    printf '=== disk: target %s, cache %s, %s free\n' "${t:-0}" "${c:-0}" \
+        "$(df -h --output=avail . | tail -n1 | tr -d ' ')"
+}
 step() {
     [ -z "$stage_name" ] || printf '=== took %ds: %s\n' $((SECONDS - stage_start)) "$stage_name"
+    disk
     stage_start=$SECONDS
     stage_name=$*
     printf '\n=== %s ===\n' "$*"
 }
-trap '[ -z "$stage_name" ] || printf "=== took %ds: %s\n=== all stages: %ds\n" $((SECONDS - stage_start)) "$stage_name" "$SECONDS"' EXIT
+finish() {
+    [ -z "$stage_name" ] || printf '=== took %ds: %s\n' $((SECONDS - stage_start)) "$stage_name"
+    disk
+    printf '=== all stages: %ds\n' "$SECONDS"
+}
+trap finish EXIT
+# Each build here is built once: incremental state would only take disk.
+export CARGO_INCREMENTAL=0
+# A build tree no later stage uses is removed when its stages are done, so the peak is not the
+# sum of five trees (EDGELLM_KEEP_BUILDS=1 keeps them, for a quicker rerun on a roomy disk).
+prune() {
+    [ "${EDGELLM_KEEP_BUILDS:-0}" = 1 ] || rm -rf "$@"
+}
 
 step "setup (apt packages; no-op when installed)"
 if [ "$(id -u)" = 0 ]; then scripts/setup.sh; else sudo scripts/setup.sh; fi
@@ -31,7 +52,7 @@ mkdir -p target
 setsid scripts/board-test.sh --rootfs-only >"$rootfs_log" 2>&1 &
 rootfs_pid=$!
 # A stage that fails stops the script: the build in the background stops with it.
-trap 'kill -- -"$rootfs_pid" 2>/dev/null || true; [ -z "$stage_name" ] || printf "=== took %ds: %s\n=== all stages: %ds\n" $((SECONDS - stage_start)) "$stage_name" "$SECONDS"' EXIT
+trap 'kill -- -"$rootfs_pid" 2>/dev/null || true; finish' EXIT
 
 step "model files (fetched and derived once, then verified)"
 cargo build --release --quiet --bin edgellm
@@ -69,6 +90,8 @@ msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1 || rustup toolchain install "$msrv" --profile minimal
 CARGO_TARGET_DIR="$PWD/target/msrv" cargo "+$msrv" check --locked --workspace --all-targets --quiet
 echo "rust $msrv: the workspace checks (locked)"
+# The native tests' tree (target/debug) and the check's: no later stage builds in them.
+prune target/msrv target/debug
 
 step "aarch64 tests under qemu (kernels: cortex-a53, cortex-a76, max; engine: cortex-a53, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
@@ -85,6 +108,9 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
 step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
     scripts/test-aarch64.sh -p edgellm --test engine_real greedy_ids_are_identical
+# The aarch64 test builds (target and host parts); the release build below has its own.
+a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
+prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"
 
 # Firmware packaging (issue #16). The aarch64 release binary is built once, the way the Yocto
 # recipe builds it, and then packaged and booted.
