@@ -17,7 +17,8 @@ stage_name=
 # build trees and the cache hold and what is left.
 disk() {
     local cache="${EDGELLM_CACHE:-$HOME/.cache/edgellm}" t c
-    t=$(du -sh target 2>/dev/null | cut -f1) c=$(du -sh "$cache" 2>/dev/null | cut -f1)
+    t=$(du -sh target 2>/dev/null | cut -f1 || true)
+    c=$(du -sh "$cache" 2>/dev/null | cut -f1 || true)
     printf '=== disk: target %s, cache %s, %s free\n' "${t:-0}" "${c:-0}" \
         "$(df -h --output=avail . | tail -n1 | tr -d ' ')"
 }
