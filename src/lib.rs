@@ -15,6 +15,7 @@
 //! | [`model`] | hyper-parameters, weight views, the forward pass | all of the above |
 //! | [`engine`] | sessions, sampler, generate loop, session store | `model` and below |
 //! | [`service`] | requests and events, prompt rules, the worker that owns an engine, its queue | `engine` and below |
+//! | [`audit`] | the hash-chained record of every answer, its check and its replay | `service` and below |
 //! | front ends ([`mqtt`], [`serial`]) | translate bytes to requests and events back | `service` and below |
 //! | [`daemon`], CLI (`src/cli/`, the binary) | configuration, wiring, subcommands | anything |
 //!
@@ -23,6 +24,7 @@
 //! lives in the upper one (so `kv::Geometry::of`, the shape of a model's cache, is defined in
 //! `model`).
 
+pub mod audit;
 pub mod board;
 pub mod daemon;
 pub mod engine;

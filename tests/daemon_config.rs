@@ -93,6 +93,7 @@ fn the_example_file_parses_and_says_the_true_defaults() {
     assert_eq!(example.serial, d.serial);
     assert_eq!(example.modbus, d.modbus);
     assert_eq!(example.limits, d.limits);
+    assert_eq!(example.audit, d.audit);
     assert_eq!(example.log, d.log);
 }
 
@@ -144,11 +145,17 @@ fn every_key_reaches_the_layer_that_uses_it() {
         per_source = 9
         request_timeout_s = 30
         max_sessions = 8
+        [audit]
+        max_bytes = "1M"
+        texts = true
         [log]
         level = "edgellm=debug,warn"
     "#
     .parse()
     .unwrap_or_else(|e| panic!("{e}"));
+    let a = c.audit_config().unwrap();
+    assert_eq!(a.dir, Path::new("/var/lib/edgellm/audit"));
+    assert_eq!((a.max_bytes, a.texts), (1 << 20, true));
     let e = c.engine_config();
     assert_eq!(
         (e.n_ctx, e.chunk, e.threads, e.kv_type),
@@ -281,6 +288,27 @@ fn a_keepalive_out_of_range_is_refused() {
             .parse::<Config>()
             .unwrap();
     }
+}
+
+#[test]
+fn an_audit_budget_under_16k_and_an_unknown_audit_key_are_refused() {
+    assert_refused(
+        "[audit]\nmax_bytes = \"4K\"\n",
+        "audit.max_bytes",
+        "out of range 16384..=",
+    );
+    assert_refused(
+        "[audit]\ntext = true\n",
+        "audit.text",
+        "unknown field `text`",
+    );
+    let c: Config = "[audit]\nenabled = false\n[state]\ndir = \"/var/lib/x\"\n"
+        .parse()
+        .unwrap();
+    assert!(
+        c.audit_config().is_none(),
+        "audit.enabled = false still keeps a trail"
+    );
 }
 
 #[test]

@@ -17,7 +17,7 @@ const FRONT_END: &[&str] = &[
 
 /// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
 /// cannot depend on us, so it is not listed).
-const LAYERS: [(&str, &[&str]); 13] = [
+const LAYERS: [(&str, &[&str]); 14] = [
     ("gguf", &[]),
     ("kv", &["gguf"]),
     ("tokenizer", &["gguf"]),
@@ -32,6 +32,19 @@ const LAYERS: [(&str, &[&str]); 13] = [
         "service",
         &["gguf", "kv", "tokenizer", "runtime", "model", "engine"],
     ),
+    // The audit trail: written by the service's worker through its `Recorder`, read by the CLI.
+    (
+        "audit",
+        &[
+            "gguf",
+            "kv",
+            "tokenizer",
+            "runtime",
+            "model",
+            "engine",
+            "service",
+        ],
+    ),
     ("mqtt", FRONT_END),
     ("serial", FRONT_END),
     (
@@ -45,6 +58,7 @@ const LAYERS: [(&str, &[&str]); 13] = [
             "model",
             "engine",
             "service",
+            "audit",
             "mqtt",
             "serial",
         ],
@@ -61,6 +75,7 @@ const LAYERS: [(&str, &[&str]); 13] = [
             "model",
             "engine",
             "service",
+            "audit",
             "mqtt",
             "serial",
             "daemon",

@@ -4,7 +4,7 @@
 mod common;
 
 use common::mqtt::{Daemon, model_arg};
-use common::serial::{Pty, rss_kib, run_text};
+use common::serial::{Pty, rss_kib, run_text, unescape};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
@@ -32,28 +32,6 @@ fn daemon(ptys: &[&Pty], extra: &[&str]) -> Daemon {
         "ports not open: {log}"
     );
     d
-}
-
-fn unescape(s: &str) -> String {
-    let mut out = String::new();
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match it.next() {
-            Some('n') => out.push('\n'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some('x') => {
-                let h: String = it.by_ref().take(2).collect();
-                out.push(char::from(u8::from_str_radix(&h, 16).unwrap()));
-            }
-            o => panic!("bad escape {o:?} in {s}"),
-        }
-    }
-    out
 }
 
 #[test]

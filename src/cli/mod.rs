@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod ask;
+mod audit;
 mod bench;
 mod bench_bw;
 mod bench_restore;
@@ -54,6 +55,8 @@ enum Command {
     Ask(ask::Args),
     /// Board profiles: list them, show one with its estimates, detect this machine's.
     Board(board::Args),
+    /// The daemon's audit trail: list and show entries, verify the chain, replay an answer.
+    Audit(audit::Args),
 }
 
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
@@ -74,6 +77,7 @@ pub fn main() -> ExitCode {
         Command::Quantize(a) => quantize::run(a),
         Command::Kv(a) => kv::run(a),
         Command::Board(a) => board::run(a),
+        Command::Audit(a) => audit::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

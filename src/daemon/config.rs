@@ -32,8 +32,8 @@ mod check;
 mod sections;
 
 pub use sections::{
-    LimitsConfig, LogConfig, ModbusTcpConfig, ModelConfig, MqttConfig, Parity, Protocol, Secret,
-    SerialConfig, SerialFlow, SerialMode, StateConfig, TlsConfig,
+    AuditSection, LimitsConfig, LogConfig, ModbusTcpConfig, ModelConfig, MqttConfig, Parity,
+    Protocol, Secret, SerialConfig, SerialFlow, SerialMode, StateConfig, TlsConfig,
 };
 
 /// Largest configuration file read: anything bigger is not a configuration.
@@ -161,6 +161,7 @@ pub struct Config {
     pub serial: Vec<SerialConfig>,
     pub modbus: ModbusTcpConfig,
     pub limits: LimitsConfig,
+    pub audit: AuditSection,
     pub log: LogConfig,
     /// The file it was loaded from.
     #[serde(skip)]
@@ -365,6 +366,16 @@ impl Config {
         })
     }
 
+    /// The audit trail's settings: `None` when it is off or there is no state directory.
+    pub fn audit_config(&self) -> Option<crate::audit::AuditConfig> {
+        let dir = self.state.dir.as_ref().filter(|_| self.audit.enabled)?;
+        Some(crate::audit::AuditConfig {
+            dir: dir.join(crate::audit::DIR),
+            max_bytes: self.audit.max_bytes,
+            texts: self.audit.texts,
+        })
+    }
+
     /// The sections that differ from `other`, but for `[limits]` and `[log]` (a reload applies
     /// those): what a restart is needed for.
     pub fn differs_from(&self, other: &Config) -> Vec<&'static str> {
@@ -383,6 +394,9 @@ impl Config {
         }
         if self.modbus != other.modbus {
             d.push("modbus");
+        }
+        if self.audit != other.audit {
+            d.push("audit");
         }
         // The store is opened once with it.
         if self.limits.max_sessions != other.limits.max_sessions {

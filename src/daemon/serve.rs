@@ -9,6 +9,7 @@
 use super::config::{Broker, Config};
 use super::notify::{self, Notifier};
 use super::status::{State, StatusBoard};
+use crate::audit::{AuditLog, AuditState};
 use crate::engine::Engine;
 use crate::model::{LoadOptions, Model};
 use crate::mqtt::client::{self, Role, Settings};
@@ -56,6 +57,41 @@ pub struct Reload {
     pub log_tail: Arc<dyn Fn(usize) -> Vec<String> + Send + Sync>,
 }
 
+/// What opens the audit trail the configuration asks for, once the service holds the state
+/// directory. A trail that cannot be opened (a read-only or broken state partition) does not
+/// stop the appliance answering: the status says why there is no trail, and so does the log.
+fn audit_opener(
+    cfg: &Config,
+    board: &mut StatusBoard,
+) -> impl FnOnce() -> Option<Box<dyn crate::service::Recorder>> + use<> {
+    let ac = cfg.audit_config();
+    if ac.is_none() {
+        tracing::info!("no audit trail (no state directory, or audit.enabled = false)");
+    }
+    let (facts, sha256) = board.model_facts();
+    let state = Arc::new(AuditState::default());
+    board.audit = ac.is_some().then(|| Arc::clone(&state));
+    move || {
+        let ac = ac?;
+        let dir = ac.dir.clone();
+        match AuditLog::open(ac, facts, sha256, Arc::clone(&state)) {
+            Ok(log) => {
+                tracing::info!(
+                    dir = %dir.display(),
+                    last_seq = state.seq.load(Ordering::Relaxed),
+                    "audit trail opened"
+                );
+                Some(Box::new(log) as Box<dyn crate::service::Recorder>)
+            }
+            Err(e) => {
+                tracing::error!("audit trail cannot be opened, answers are not recorded: {e}");
+                state.set_error(Some(e.to_string()));
+                None
+            }
+        }
+    }
+}
+
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
 pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonError> {
     let started = Instant::now();
@@ -89,13 +125,15 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             "board profile applied"
         );
     }
-    let board = StatusBoard::new(&engine, &model, cfg.model.board.clone(), started);
-    let service = Service::start(
+    let mut board = StatusBoard::new(&engine, &model, cfg.model.board.clone(), started);
+    let recorder = audit_opener(&cfg, &mut board);
+    let service = Service::start_recorded(
         engine,
         crate::service::ServiceConfig {
             test_stall: hooks.stall,
             ..cfg.service_config()
         },
+        recorder,
     )?;
     let handle = service.handle();
     tracing::info!(
@@ -113,7 +151,6 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         let signals = catch_signals();
         let (stop_tx, stop_rx) = watch::channel(false);
         let (limits_tx, limits_rx) = watch::channel(cfg.limits());
-        let mut board = board;
         let mut tasks = Vec::new();
         // Wakes the status publisher: the service and the serial ports call it on a change.
         let wake = Arc::new(tokio::sync::Notify::new());

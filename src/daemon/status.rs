@@ -1,6 +1,7 @@
 //! The daemon's status, as the retained JSON on `{prefix}/{device}/status`: what it runs, how
 //! it is doing, and its counters.
 
+use crate::audit::{AuditState, ModelFacts};
 use crate::engine::Engine;
 use crate::serial::stats::{PortState, PortStats};
 use crate::service::Handle;
@@ -29,13 +30,14 @@ impl State {
 }
 
 /// What the status shows besides the uptime and the byte counters: running, queue, counters,
-/// hash known, each port's state.
+/// hash known, each port's state, the audit trail's failures and whether it is failing now.
 pub type Key = (
     bool,
     usize,
     [u64; 5],
     bool,
     Vec<(PortState, Option<String>)>,
+    (u64, bool),
 );
 
 /// What does not change while the daemon runs, and the clock of its uptime.
@@ -52,6 +54,8 @@ pub struct StatusBoard {
     sha256: Arc<OnceLock<String>>,
     /// The serial ports (Modbus ones included).
     pub ports: Vec<Arc<PortStats>>,
+    /// The audit trail's state, when it is kept.
+    pub audit: Option<Arc<AuditState>>,
 }
 
 impl StatusBoard {
@@ -87,14 +91,18 @@ impl StatusBoard {
             .to_ascii_uppercase();
         let sha256 = Arc::new(OnceLock::new());
         let (slot, path) = (Arc::clone(&sha256), file.to_path_buf());
-        // A hash of ~100 MB costs a few hundred ms of one core: not on the way to READY.
-        let _ = std::thread::Builder::new()
+        // A hash of ~100 MB costs a few hundred ms of one core: not on the way to READY. It is
+        // always set (the audit trail waits for it): a file that cannot be read again says so.
+        let hash = |slot: &OnceLock<String>, path: &Path| {
+            let h = crate::audit::file_sha256(path).unwrap_or_else(|e| format!("unreadable: {e}"));
+            let _ = slot.set(h);
+        };
+        let spawned = std::thread::Builder::new()
             .name("edgellm-sha256".into())
-            .spawn(move || {
-                if let Ok(h) = sha256_file(&path) {
-                    let _ = slot.set(h);
-                }
-            });
+            .spawn(move || hash(&slot, &path));
+        if spawned.is_err() {
+            hash(&sha256, file);
+        }
         StatusBoard {
             model_name,
             model_file: file.to_path_buf(),
@@ -106,7 +114,18 @@ impl StatusBoard {
             started,
             sha256,
             ports: Vec::new(),
+            audit: None,
         }
+    }
+
+    /// The model's facts as the audit trail records them; the SHA-256 arrives in `sha256`.
+    pub fn model_facts(&self) -> (ModelFacts, Arc<OnceLock<String>>) {
+        let facts = ModelFacts {
+            name: self.model_name.clone(),
+            sha256: self.sha256.get().cloned().unwrap_or_default(),
+            quant: self.quant.clone(),
+        };
+        (facts, Arc::clone(&self.sha256))
     }
 
     pub fn model_name(&self) -> &str {
@@ -132,6 +151,9 @@ impl StatusBoard {
             ],
             self.sha256.get().is_some(),
             self.ports.iter().map(|p| p.state()).collect(),
+            self.audit.as_ref().map_or((0, false), |a| {
+                (a.failed.load(Ordering::Relaxed), a.error().is_some())
+            }),
         )
     }
 
@@ -162,24 +184,15 @@ impl StatusBoard {
             },
             "last_decode_tps": (c.last_tps() * 10.0).round() / 10.0,
             "serial": self.ports.iter().map(|p| p.json()).collect::<Vec<_>>(),
+            "audit": self.audit.as_ref().map(|a| json!({
+                "state": if a.error().is_some() { "error" } else { "ok" },
+                "last_seq": a.seq.load(Ordering::Relaxed),
+                "written": a.written.load(Ordering::Relaxed),
+                "failed": a.failed.load(Ordering::Relaxed),
+                "error": a.error(),
+            })),
         })
         .to_string()
         .into_bytes()
     }
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(crate::kv::snapshot::hex(&h.finalize()))
 }

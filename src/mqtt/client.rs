@@ -416,11 +416,9 @@ fn on_publish(
         }
     }
     inflight.add(key);
-    // The client's own response topic keys the queue's fairness between clients.
-    let source = p
-        .response_topic
-        .clone()
-        .unwrap_or_else(|| "mqtt".to_owned());
+    // The client's own response topic keys the queue's fairness between clients (and names
+    // the asker in the audit trail); a 3.1.1 client has none, and is named by the topic.
+    let source = format!("mqtt:{}", p.response_topic.as_deref().unwrap_or(&topic));
     let ids = Arc::clone(&shared.ids);
     let parsed = contract::parse_request(
         &p.payload,

@@ -4,8 +4,8 @@
 use super::prompt::{self, Built};
 use super::worker::{Job, Shared, Sink};
 use super::{
-    Chunk, Done, ErrorCode, Event, FinishReason, Request, ServiceError, SessionReport, Timings,
-    Usage,
+    Chunk, Done, ErrorCode, Event, FinishReason, Recorder, Request, ServiceError, SessionReport,
+    Timings, Usage,
 };
 use crate::engine::store::{SessionFile, SessionStore, Source};
 use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
@@ -28,6 +28,7 @@ pub(super) struct Worker {
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: Store,
     pub(super) test_stall: Option<std::time::Duration>,
+    pub(super) recorder: Option<Box<dyn Recorder>>,
     pub(super) shared: Arc<Shared>,
 }
 
@@ -72,6 +73,14 @@ impl Worker {
                     ttft_ms = format!("{:.2}", t.ttft_ms),
                     decode_tps = format!("{:.1}", t.decode_tps),
                     "answered"
+                );
+            }
+            if let Some(r) = &mut self.recorder {
+                r.record(
+                    &req,
+                    &ev,
+                    self.engine.config(),
+                    self.engine.kernels().name(),
                 );
             }
             sink.send(ev);

@@ -23,12 +23,13 @@ pub mod worker;
 
 pub use worker::{Handle, Service, ServiceConfig, Sessions, Ticket};
 
+use crate::engine::EngineConfig;
 use crate::engine::store::StoreError;
 use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
 use crate::engine::{EngineError, SamplingParams};
 use crate::kv::SaveKind;
 use crate::tokenizer::{ChatMessage, TokenizerError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -95,6 +96,15 @@ impl Request {
     }
 }
 
+/// Told of every request the worker ends, on the worker's thread and before the request's last
+/// event goes to its front end: an audit trail writes its entry here, so an answer anyone has
+/// seen is on record first. It must not fail the answer (a full disk only costs the record).
+pub trait Recorder: Send {
+    /// `end` is the request's last event (`Done` or `Error`); `engine` and `kernels` are those
+    /// that answered it.
+    fn record(&mut self, req: &Request, end: &Event, engine: &EngineConfig, kernels: &'static str);
+}
+
 /// Most bytes of text in one [`Event::Text`]; a longer piece comes as several events.
 pub const CHUNK_BYTES: usize = 64;
 
@@ -112,7 +122,7 @@ pub enum Event {
 }
 
 /// Why the answer ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model ended its answer (an end-of-generation token, the last generated id).
@@ -128,7 +138,8 @@ pub enum FinishReason {
 }
 
 /// Token counts of one answer.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct Usage {
     /// Prompt tokens computed for this answer.
     pub prompt_tokens: usize,
@@ -219,7 +230,7 @@ impl SessionReport {
 
 /// The stable error codes a front end shows or maps to its own (MQTT `error.code`, a serial
 /// `ERR <code>`, a Modbus exception).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request is malformed or asks for something this model cannot do.
@@ -274,7 +285,8 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// A request that could not be answered: a code for machines, a message for people.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(deny_unknown_fields)]
 #[error("{message}")]
 pub struct ServiceError {
     pub code: ErrorCode,

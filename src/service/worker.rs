@@ -9,7 +9,7 @@
 
 use super::answer::{Store, Worker};
 use super::queue::{FairQueue, Full};
-use super::{ErrorCode, Event, Request, ServiceError};
+use super::{ErrorCode, Event, Recorder, Request, ServiceError};
 use crate::engine::Engine;
 use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
 use std::path::PathBuf;
@@ -312,7 +312,18 @@ pub struct Service {
 impl Service {
     /// Opens the sessions (the state directory or the session file) and starts the worker,
     /// which owns `engine` from now on.
-    pub fn start(mut engine: Engine, cfg: ServiceConfig) -> Result<Service, ServiceError> {
+    pub fn start(engine: Engine, cfg: ServiceConfig) -> Result<Service, ServiceError> {
+        Service::start_recorded(engine, cfg, || None)
+    }
+
+    /// As [`Service::start`], with every ended request told to the recorder (an audit trail)
+    /// that `recorder` makes once the sessions are open: the state directory is then locked
+    /// to this process, and the recorder may write in it.
+    pub fn start_recorded(
+        mut engine: Engine,
+        cfg: ServiceConfig,
+        recorder: impl FnOnce() -> Option<Box<dyn Recorder>>,
+    ) -> Result<Service, ServiceError> {
         let sessions = match &cfg.sessions {
             Sessions::None => Store::None(engine.new_session()),
             Sessions::File(path) => Store::File(SessionFile::open(&mut engine, path)?),
@@ -321,6 +332,7 @@ impl Service {
                 engine.new_session(),
             ),
         };
+        let recorder = recorder();
         // A model without a template still answers raw prompts; a chat is then refused.
         let template = match engine.model().chat_template() {
             Ok(t) => Some(t),
@@ -348,6 +360,7 @@ impl Service {
             template,
             sessions,
             test_stall: cfg.test_stall,
+            recorder,
             shared: Arc::clone(&shared),
         };
         let thread = std::thread::Builder::new()

@@ -139,6 +139,29 @@ impl Pty {
     }
 }
 
+/// The text of a line-mode reply (`OK …`, `DATA …`) with its escapes (`\n \r \\ \xHH`) undone.
+pub fn unescape(s: &str) -> String {
+    let mut out = String::new();
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some('x') => {
+                let h: String = it.by_ref().take(2).collect();
+                out.push(char::from(u8::from_str_radix(&h, 16).unwrap()));
+            }
+            o => panic!("bad escape {o:?} in {s}"),
+        }
+    }
+    out
+}
+
 /// A process's resident memory in KiB (`VmRSS`).
 pub fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -95,6 +95,8 @@ impl Config {
         }
         in_range("state.disk_budget", s.disk_budget, 1..=u64::MAX)?;
         in_range("state.ram_budget", s.ram_budget, 1..=u64::MAX)?;
+        // Two segments of a quarter each at the least, so rotating one out keeps the other.
+        in_range("audit.max_bytes", self.audit.max_bytes, 16 << 10..=u64::MAX)?;
         Ok(())
     }
 

@@ -321,6 +321,29 @@ impl LimitsConfig {
     }
 }
 
+/// `[audit]`: the record of every answer, in the state directory.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditSection {
+    /// Keep the trail (with a state directory; without one there is nowhere to keep it).
+    pub enabled: bool,
+    /// Most bytes the trail's segments take together; the oldest goes first.
+    #[serde(deserialize_with = "de_size")]
+    pub max_bytes: u64,
+    /// Also keep the texts: the request, its prompt ids and the answer (what a replay needs).
+    pub texts: bool,
+}
+
+impl Default for AuditSection {
+    fn default() -> Self {
+        AuditSection {
+            enabled: true,
+            max_bytes: 16 << 20,
+            texts: false,
+        }
+    }
+}
+
 /// `[log]`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
