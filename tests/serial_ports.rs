@@ -143,9 +143,12 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
             "--concurrency",
             "6",
             "--json",
+            // Long answers (no early end token), so the load outlasts the serial answers by
+            // seconds, not by a few short replies' worth of milliseconds (which a loaded CI
+            // machine once lost).
             "-n",
-            "16",
-            "Name a colour.",
+            "64",
+            "Write a long story about a robot who learns to paint.",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
