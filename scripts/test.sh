@@ -3,7 +3,8 @@
 #   1. installs what the tests need (apt: arm64 cross toolchain, qemu-user, mosquitto),
 #   2. fetches the test model into the cache (~/.cache/edgellm, outside the repo),
 #   3. runs every test natively (x86_64), the real-model tests included,
-#   4. checks that the workspace builds with the minimum Rust version (rustup installs it),
+#   4. checks that the workspace builds with the minimum Rust version (rustup installs it), and
+#      the dependency tree's licences, bans and sources (cargo deny, deny.toml),
 #   5. runs the kernel and engine tests for aarch64 under qemu on three CPU models,
 #   6. checks the Yocto layer and the Debian packages, and boots the emulated arm64 board
 #      (scripts/board-test.sh: its root filesystem is cached outside the repo).
@@ -93,6 +94,9 @@ CARGO_TARGET_DIR="$PWD/target/msrv" cargo "+$msrv" check --locked --workspace --
 echo "rust $msrv: the workspace checks (locked)"
 # The native tests' tree (target/debug) and the check's: no later stage builds in them.
 prune target/msrv target/debug
+
+step "dependencies: cargo deny (licences, bans, sources; offline)"
+scripts/check-deps.sh
 
 step "aarch64 tests under qemu (kernels: cortex-a53, cortex-a76, max; engine: cortex-a53, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
