@@ -6,34 +6,22 @@
 use super::read::{self, Segment};
 use super::{AuditConfig, AuditError, EngineFacts, Entry, GENESIS, ModelFacts};
 use crate::engine::EngineConfig;
-use crate::service::{Event, Recorder, Request};
+use crate::service::{Event, Health, Recorder, Request};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// What the trail reports to the daemon's status (shared with the writer on the worker).
 #[derive(Debug, Default)]
 pub struct AuditState {
     /// Entries written since start.
     pub written: AtomicU64,
-    /// Entries that could not be written since start.
-    pub failed: AtomicU64,
-    /// Why the last write failed, until one succeeds again.
-    pub error: Mutex<Option<String>>,
+    /// Whether writes work (failures since start, and why the last failed until one works).
+    pub health: Health,
     /// The last entry's sequence number.
     pub seq: AtomicU64,
-}
-
-impl AuditState {
-    pub fn error(&self) -> Option<String> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn set_error(&self, e: Option<String>) {
-        *self.error.lock().unwrap_or_else(|p| p.into_inner()) = e;
-    }
 }
 
 /// The trail's writer. Owned by the service worker (through [`Recorder`]).
@@ -225,19 +213,16 @@ impl Recorder for AuditLog {
         match self.append(entry) {
             Ok(()) => {
                 self.state.written.fetch_add(1, Ordering::Relaxed);
-                if self.state.error().is_some() {
+                if self.state.health.ok() {
                     tracing::info!("audit trail: written again");
-                    self.state.set_error(None);
                 }
             }
             Err(e) => {
                 // The answer still goes out: a full disk costs the record, not the service.
-                self.state.failed.fetch_add(1, Ordering::Relaxed);
                 let msg = e.to_string();
-                if self.state.error().as_deref() != Some(msg.as_str()) {
+                if self.state.health.failed(msg.clone()) {
                     tracing::error!(request = req.id, "audit trail: entry not written: {msg}");
                 }
-                self.state.set_error(Some(msg));
             }
         }
     }

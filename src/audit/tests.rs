@@ -264,11 +264,11 @@ fn a_write_that_fails_is_counted_undone_and_the_next_one_continues_the_chain() {
     log.file = Some(std::fs::File::open(&seg).unwrap());
     write(&mut log, 1);
     let st = log.state();
-    assert_eq!(st.failed.load(std::sync::atomic::Ordering::Relaxed), 1);
-    assert!(st.error().is_some());
+    assert_eq!(st.health.failures(), 1);
+    assert!(st.health.error().is_some());
     log.file = None;
     write(&mut log, 1);
-    assert!(st.error().is_none(), "the error did not clear");
+    assert!(st.health.error().is_none(), "the error did not clear");
     let v = verify(dir.path()).unwrap();
     assert!(v.bad.is_none(), "{v:?}");
     assert_eq!((v.entries, v.last_seq), (2, Some(2)));

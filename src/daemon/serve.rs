@@ -85,7 +85,7 @@ fn audit_opener(
             }
             Err(e) => {
                 tracing::error!("audit trail cannot be opened, answers are not recorded: {e}");
-                state.set_error(Some(e.to_string()));
+                state.health.failed(e.to_string());
                 None
             }
         }
@@ -169,9 +169,26 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         tasks.extend(modbus.tasks);
         board.ports = ports;
         board.ports.extend(modbus.ports);
+        // The answer journal of the MQTT front end (none without MQTT).
+        let journal = (cfg.mqtt.broker != Broker::Off)
+            .then(|| Arc::new(std::sync::Mutex::new(open_journal(&cfg))));
+        board.journal = journal
+            .as_ref()
+            .map(|j| j.lock().unwrap_or_else(|p| p.into_inner()).health());
         for p in &board.ports {
             let w = Arc::clone(&wake);
             p.observe(Arc::new(move || w.notify_one()));
+        }
+        // A storage fault that starts or ends shows in the status at once (the journal's is
+        // only seen after the answer's job has ended).
+        let healths = [
+            Some(&handle.counters().saves),
+            board.journal.as_deref(),
+            board.audit.as_ref().map(|a| &a.health),
+        ];
+        for h in healths.into_iter().flatten() {
+            let w = Arc::clone(&wake);
+            h.observe(Arc::new(move || w.notify_one()));
         }
         let board = Arc::new(board);
         // After the ports are on the board: the first status shows them.
@@ -206,7 +223,9 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             let shared = client::Shared {
                 service: handle.clone(),
                 ids,
-                journal: Arc::new(std::sync::Mutex::new(open_journal(&cfg))),
+                journal: journal
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(std::sync::Mutex::new(Journal::memory()))),
                 limits: limits_rx,
             };
             // In a fleet, a second connection for the shared topic (see Role::Fleet).
@@ -375,7 +394,9 @@ fn open_journal(cfg: &Config) -> Journal {
             tracing::error!(
                 "{e}: answers are kept in memory only, a redelivery after a restart is computed again"
             );
-            Journal::memory()
+            let j = Journal::memory();
+            j.health().failed(e.to_string());
+            j
         }
     }
 }

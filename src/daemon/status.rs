@@ -4,7 +4,7 @@
 use crate::audit::{AuditState, ModelFacts};
 use crate::engine::Engine;
 use crate::serial::stats::{PortState, PortStats};
-use crate::service::Handle;
+use crate::service::{Handle, Health};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -30,14 +30,14 @@ impl State {
 }
 
 /// What the status shows besides the uptime and the byte counters: running, queue, counters,
-/// hash known, each port's state, the audit trail's failures and whether it is failing now.
+/// hash known, each port's state, the storage faults.
 pub type Key = (
     bool,
     usize,
     [u64; 5],
     bool,
     Vec<(PortState, Option<String>)>,
-    (u64, bool),
+    Vec<String>,
 );
 
 /// What does not change while the daemon runs, and the clock of its uptime.
@@ -56,6 +56,8 @@ pub struct StatusBoard {
     pub ports: Vec<Arc<PortStats>>,
     /// The audit trail's state, when it is kept.
     pub audit: Option<Arc<AuditState>>,
+    /// The MQTT answer journal's writes, when there is MQTT.
+    pub journal: Option<Arc<Health>>,
 }
 
 impl StatusBoard {
@@ -115,7 +117,27 @@ impl StatusBoard {
             sha256,
             ports: Vec::new(),
             audit: None,
+            journal: None,
         }
+    }
+
+    /// What cannot be written now, one line each (`audit: …`, `sessions: …`, `journal: …`):
+    /// the answers go on, but a technician should look at the state partition.
+    pub fn faults(&self, h: &Handle) -> Vec<String> {
+        let mut f = Vec::new();
+        let mut add = |what: &str, health: &Health| {
+            if let Some(e) = health.error() {
+                f.push(format!("{what}: {e}"));
+            }
+        };
+        add("sessions", &h.counters().saves);
+        if let Some(j) = &self.journal {
+            add("journal", j);
+        }
+        if let Some(a) = &self.audit {
+            add("audit", &a.health);
+        }
+        f
     }
 
     /// The model's facts as the audit trail records them; the SHA-256 arrives in `sha256`.
@@ -151,9 +173,7 @@ impl StatusBoard {
             ],
             self.sha256.get().is_some(),
             self.ports.iter().map(|p| p.state()).collect(),
-            self.audit.as_ref().map_or((0, false), |a| {
-                (a.failed.load(Ordering::Relaxed), a.error().is_some())
-            }),
+            self.faults(h),
         )
     }
 
@@ -184,12 +204,15 @@ impl StatusBoard {
             },
             "last_decode_tps": (c.last_tps() * 10.0).round() / 10.0,
             "serial": self.ports.iter().map(|p| p.json()).collect::<Vec<_>>(),
+            "faults": self.faults(h),
+            "storage": {
+                "session_save_failures": c.saves.failures(),
+                "journal_failures": self.journal.as_ref().map(|j| j.failures()),
+            },
             "audit": self.audit.as_ref().map(|a| json!({
-                "state": if a.error().is_some() { "error" } else { "ok" },
                 "last_seq": a.seq.load(Ordering::Relaxed),
                 "written": a.written.load(Ordering::Relaxed),
-                "failed": a.failed.load(Ordering::Relaxed),
-                "error": a.error(),
+                "failures": a.health.failures(),
             })),
         })
         .to_string()

@@ -13,12 +13,14 @@
 //! holds twice the entries kept, it is rewritten with the newest ones (temporary file, sync,
 //! rename), so it stays bounded.
 
+use crate::service::Health;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The file's first bytes (format version 1).
 const MAGIC: &[u8; 8] = b"EDGLJNL1";
@@ -71,6 +73,8 @@ pub struct Journal {
     file: Option<(PathBuf, File)>,
     /// Records in the file (compacted past `2 * KEPT`).
     records: usize,
+    /// Whether writes work, for the daemon's status.
+    health: Arc<Health>,
 }
 
 impl Journal {
@@ -81,6 +85,7 @@ impl Journal {
             entries: VecDeque::new(),
             file: None,
             records: 0,
+            health: Arc::default(),
         }
     }
 
@@ -134,13 +139,18 @@ impl Journal {
             file.sync_data().map_err(io)?;
         }
         // Appends go after the last good record.
-        use std::io::Seek;
         file.seek(io::SeekFrom::End(0)).map_err(io)?;
         Ok(Journal {
             entries,
             file: Some((path.to_owned(), file)),
             records,
+            health: Arc::default(),
         })
+    }
+
+    /// Whether the journal's writes work (a full or read-only disk shows here).
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
     }
 
     pub fn get(&self, key: &Key) -> Option<&Answer> {
@@ -162,6 +172,21 @@ impl Journal {
     /// Keeps `answer` for `key`, on disk (synced) before it returns. An answer over
     /// [`MAX_ANSWER`] is not kept.
     pub fn record(&mut self, key: Key, answer: Answer) -> Result<(), JournalError> {
+        let res = self.write(key, answer);
+        match &res {
+            Ok(()) => {
+                if self.health.ok() {
+                    tracing::info!("answer journal: written again");
+                }
+            }
+            Err(e) => {
+                self.health.failed(e.to_string());
+            }
+        }
+        res
+    }
+
+    fn write(&mut self, key: Key, answer: Answer) -> Result<(), JournalError> {
         if answer.payload.len() > MAX_ANSWER {
             return Ok(());
         }
@@ -183,8 +208,19 @@ impl Journal {
             return Ok(());
         }
         let (key, answer) = self.entries.back().expect("just pushed");
-        file.write_all(&encode(key, answer)).map_err(io)?;
-        file.sync_data().map_err(io)?;
+        let end = file.stream_position().map_err(io)?;
+        let written = file
+            .write_all(&encode(key, answer))
+            .and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // Part of the record may be in the file (the disk filled up mid-write): take it
+            // back, or every record after it would be cut off as a corrupt tail at the next
+            // start. The answer stays in memory.
+            let _ = file
+                .set_len(end)
+                .and_then(|()| file.seek(io::SeekFrom::Start(end)));
+            return Err(io(e));
+        }
         self.records += 1;
         Ok(())
     }

@@ -56,6 +56,21 @@ impl Worker {
             if let Event::Error(e) = &ev {
                 tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
             }
+            if let Event::Done(d) = &ev
+                && let Some(r) = &d.session
+            {
+                match &r.error {
+                    // The answer is given all the same; the session starts over from its next
+                    // request if the save never succeeds.
+                    Some(e) => {
+                        if c.saves.failed(e.clone()) {
+                            tracing::error!(request = req.id, "session not saved: {e}");
+                        }
+                    }
+                    None if r.saved && c.saves.ok() => tracing::info!("session saves work again"),
+                    None => {}
+                }
+            }
             if let Event::Done(d) = &ev {
                 c.last_tps
                     .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);

@@ -105,6 +105,79 @@ pub trait Recorder: Send {
     fn record(&mut self, req: &Request, end: &Event, engine: &EngineConfig, kernels: &'static str);
 }
 
+/// Whether a kind of write the appliance keeps doing (session saves, the answer journal, the
+/// audit trail) works: failures since start and, until the next success, why the last failed.
+/// Shared between the thread that writes and the status that shows it.
+#[derive(Default)]
+pub struct Health {
+    failures: std::sync::atomic::AtomicU64,
+    error: std::sync::Mutex<Option<String>>,
+    /// Called when a fault starts or ends (the status is republished).
+    observer: std::sync::OnceLock<worker::Observer>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("failures", &self.failures())
+            .field("error", &self.error())
+            .finish()
+    }
+}
+
+impl Health {
+    /// Calls `f` whenever a fault starts, changes or ends (on the writing thread: `f` must be
+    /// quick, e.g. wake a task). Only the first observer set is kept.
+    pub fn observe(&self, f: worker::Observer) {
+        let _ = self.observer.set(f);
+    }
+
+    /// A write worked: the fault, if any, is over. Returns whether it was one.
+    pub fn ok(&self) -> bool {
+        let was = self.lock().take().is_some();
+        if was {
+            self.changed();
+        }
+        was
+    }
+
+    /// A write failed with `why`. Returns whether this is a new fault (not the same as the
+    /// last one), so the caller logs a fault once, not at every write.
+    pub fn failed(&self, why: String) -> bool {
+        use std::sync::atomic::Ordering;
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let new = {
+            let mut e = self.lock();
+            let new = e.as_deref() != Some(why.as_str());
+            *e = Some(why);
+            new
+        };
+        if new {
+            self.changed();
+        }
+        new
+    }
+
+    fn changed(&self) {
+        if let Some(f) = self.observer.get() {
+            f();
+        }
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Why the last write failed, while no write has worked since.
+    pub fn error(&self) -> Option<String> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Most bytes of text in one [`Event::Text`]; a longer piece comes as several events.
 pub const CHUNK_BYTES: usize = 64;
 

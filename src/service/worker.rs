@@ -98,6 +98,8 @@ pub struct Counters {
     pub cancelled: AtomicU64,
     /// Decode tokens/s of the last answer (`f64` bits).
     pub last_tps: AtomicU64,
+    /// Session saves to the state directory (a full or read-only disk shows here).
+    pub saves: super::Health,
 }
 
 impl Counters {

@@ -93,13 +93,38 @@ impl Daemon {
         d
     }
 
+    /// As [`Daemon::start`], run by `wrapper` (a command that ends by exec'ing its arguments,
+    /// such as `unshare … sh -c '…; exec "$@"'`), so the daemon keeps the child's pid.
+    pub fn start_wrapped(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let d = Daemon::spawn_by(wrapper, args, env);
+        let got = d.wait_notify("READY=1", Duration::from_secs(60));
+        assert!(
+            got.contains("READY=1"),
+            "no READY=1: {got}\n{}",
+            d.log_text()
+        );
+        d
+    }
+
     /// Starts it without waiting.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn_by(&[], args, env)
+    }
+
+    fn spawn_by(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("notify");
         let notify = UnixDatagram::bind(&sock).unwrap();
         let log = dir.path().join("daemon.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_edgellm"));
+        let bin = env!("CARGO_BIN_EXE_edgellm");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .args(args)
             .env("NOTIFY_SOCKET", &sock)
