@@ -3,6 +3,9 @@
 //! `RestartPreventExitStatus=78` keeps from a restart loop; other failures exit with 1 and are
 //! restarted. The daemon runs as a real child process.
 
+mod common;
+
+use common::mqtt::{Mosquitto, collect, subscribe};
 use std::io::Write;
 use std::process::{Command, Output};
 
@@ -36,6 +39,34 @@ fn a_model_that_does_not_load_exits_78_and_says_why() {
     assert_eq!(o.status.code(), Some(78), "{e}");
     assert!(e.contains("corrupt.gguf"), "names the file: {e}");
     assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn a_truncated_model_exits_78_and_leaves_the_error_as_the_retained_status() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("truncated.gguf");
+    // The real model's first 4 MiB: a valid header whose tensors run past the end of the file.
+    let whole = std::fs::read(common::model_path("q4_0")).unwrap();
+    std::fs::write(&cut, &whole[..4 << 20]).unwrap();
+    let url = format!("127.0.0.1:{}", broker.port);
+    let o = Command::new(env!("CARGO_BIN_EXE_edgellm"))
+        .args(["serve", "--mqtt", &url, "--device", "cut", "--model"])
+        .arg(&cut)
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .expect("run edgellm serve");
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    assert!(e.contains("truncated.gguf"), "names the file: {e}");
+    let got = collect(subscribe(broker.port, "edgellm/cut/status", 1, 5));
+    let (_, payload) = got
+        .first()
+        .unwrap_or_else(|| panic!("no retained status: {e}"));
+    let v: serde_json::Value = serde_json::from_str(payload).unwrap();
+    assert_eq!(v["state"], "error", "{v}");
+    let why = v["error"].as_str().unwrap_or_default();
+    assert!(why.contains("truncated.gguf"), "{v}");
 }
 
 #[test]

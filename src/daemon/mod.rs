@@ -11,6 +11,7 @@ mod embedded;
 mod hooks;
 mod modbus;
 pub mod notify;
+mod refusal;
 mod serial;
 pub mod serve;
 mod status;

@@ -98,23 +98,29 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
     let hooks = super::hooks::TestHooks::from_env();
     let notifier = Arc::new(Notifier::from_env());
     notifier.status("loading the model");
+    // A refusal here is final (the unit does not restart it): say it on the site's broker too.
+    let refuse = |e: DaemonError| {
+        super::refusal::publish(&cfg, &model, &e.to_string());
+        e
+    };
     let m = Model::load(
         &model,
         &LoadOptions {
             mlock: cfg.model.mlock,
         },
     )
-    .map_err(|e| DaemonError::Model(e.to_string()))?;
+    .map_err(|e| refuse(DaemonError::Model(e.to_string())))?;
     let engine_cfg = cfg.engine_config();
     let profile = cfg.board();
     let mut cpus = Vec::new();
     if let Some(p) = profile {
         // Before the engine allocates anything: a refusal now, not an OOM kill later.
-        super::board::check_budget(p, &cfg, &m, &engine_cfg).map_err(DaemonError::Board)?;
+        super::board::check_budget(p, &cfg, &m, &engine_cfg)
+            .map_err(|e| refuse(DaemonError::Board(e)))?;
         cpus = super::board::usable_cpus(p);
     }
     let engine = Engine::pinned(Arc::new(m), engine_cfg, &cpus)
-        .map_err(|e| DaemonError::Model(format!("{}: {e}", model.display())))?;
+        .map_err(|e| refuse(DaemonError::Model(format!("{}: {e}", model.display()))))?;
     if let Some(p) = profile {
         super::board::check_kernels(p, engine.kernels().name());
         tracing::info!(
@@ -318,7 +324,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
 }
 
 /// The MQTT client's settings, or `None` with `mqtt.broker = "off"`.
-fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
+pub(super) fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
     let m = &cfg.mqtt;
     let version = match m.protocol {
         super::config::Protocol::V5 => crate::mqtt::link::Version::V5,
