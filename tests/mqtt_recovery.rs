@@ -4,173 +4,17 @@
 
 mod common;
 
-use common::mqtt::{Daemon, free_port, publish_lines};
+use common::mqtt::{Daemon, publish_lines};
+use common::recovery::{Broker, Collector};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const DEVICE: &str = "rec-dev";
 
 fn model() -> String {
     common::model_path("q4_0").to_str().unwrap().to_owned()
-}
-
-/// A Mosquitto that can be stopped and started again on the same port, keeping its state
-/// (sessions, queued messages) in `dir` when `persist` is set.
-struct Broker {
-    port: u16,
-    conf: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl Broker {
-    fn start(dir: &Path, persist: bool) -> Broker {
-        let port = free_port();
-        let conf = dir.join("mosquitto.conf");
-        let persistence = if persist {
-            // Started as root, Mosquitto would switch to its own user, which cannot write the
-            // test's directory: it stays who started it.
-            let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
-            format!(
-                "persistence true\npersistence_location {}/\nautosave_interval 1\nuser {user}\n",
-                dir.display()
-            )
-        } else {
-            "persistence false\n".to_owned()
-        };
-        std::fs::write(
-            &conf,
-            format!("listener {port} 127.0.0.1\nallow_anonymous true\n{persistence}"),
-        )
-        .unwrap();
-        let mut b = Broker {
-            port,
-            conf,
-            child: None,
-        };
-        b.up();
-        b
-    }
-
-    fn up(&mut self) {
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&self.conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mosquitto (scripts/setup.sh installs it)");
-        self.child = Some(child);
-        let until = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < until, "mosquitto is not listening");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM (Mosquitto writes its persistence file), and waits for it to exit.
-    fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A `mosquitto_sub` that keeps every message it gets; with a client id, a persistent
-/// session, so that it also gets what was published while the broker was down.
-struct Collector {
-    child: Child,
-    got: Arc<Mutex<Vec<(String, Value)>>>,
-}
-
-impl Collector {
-    fn start(port: u16, topic: &str, persistent_id: Option<&str>) -> Collector {
-        let mut cmd = Command::new("mosquitto_sub");
-        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
-            .args(["-q", "1", "-v"]);
-        if let Some(id) = persistent_id {
-            cmd.args(["-c", "-i", id]);
-        }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mosquitto_sub");
-        let out = child.stdout.take().unwrap();
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let g = Arc::clone(&got);
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some((t, p)) = line.split_once(' ')
-                    && let Ok(v) = serde_json::from_str(p)
-                {
-                    g.lock().unwrap().push((t.to_owned(), v));
-                }
-            }
-        });
-        // mosquitto_sub subscribes right after it connects.
-        std::thread::sleep(Duration::from_millis(300));
-        Collector { child, got }
-    }
-
-    /// Final messages so far, by request id.
-    fn finals(&self) -> BTreeMap<String, Vec<(String, Value)>> {
-        let mut m: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
-        for (t, v) in self.got.lock().unwrap().iter() {
-            if v["done"] == true {
-                let id = v["id"].as_str().unwrap_or("?").to_owned();
-                m.entry(id).or_default().push((t.clone(), v.clone()));
-            }
-        }
-        m
-    }
-
-    /// Waits until every id in `ids` has a final message, then a moment more for any second
-    /// one; panics with `log` after `within`.
-    fn wait_all(
-        &self,
-        ids: &[String],
-        within: Duration,
-        log: &dyn Fn() -> String,
-    ) -> BTreeMap<String, Vec<(String, Value)>> {
-        let until = Instant::now() + within;
-        loop {
-            let f = self.finals();
-            if ids.iter().all(|i| f.contains_key(i)) {
-                std::thread::sleep(Duration::from_millis(1500));
-                return self.finals();
-            }
-            assert!(
-                Instant::now() < until,
-                "answered {:?} of {ids:?}\n{}",
-                f.keys().collect::<Vec<_>>(),
-                log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Requests with these ids; greedy, so the answer to one is the same each time it is computed.

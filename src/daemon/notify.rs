@@ -4,7 +4,12 @@
 //! `WATCHDOG=1` while the engine loop is alive, `STOPPING=1` on the way out.
 //!
 //! Without `NOTIFY_SOCKET` (not started by systemd) every call does nothing. A failed send is
-//! logged once and otherwise ignored: the daemon's work never depends on its supervisor.
+//! logged once and otherwise ignored: the daemon's work never depends on its supervisor. Nor
+//! does it wait for it: the socket is non-blocking, because a supervisor that stops reading
+//! (a full datagram queue holds 10 messages by default) would otherwise stall the I/O thread
+//! that sends, and with it MQTT (seen in a test whose listener read only `READY=1`). A
+//! `STATUS=` or `WATCHDOG=1` that finds the queue full is dropped (the next one follows);
+//! `READY=1` and `STOPPING=1` are tried again for up to 200 ms.
 
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,21 +50,43 @@ impl Notifier {
         self.target.is_some()
     }
 
-    /// Sends `state` (newline-separated `KEY=value` lines) as one datagram.
+    /// Sends `state` (newline-separated `KEY=value` lines) as one datagram, never waiting for
+    /// room in the supervisor's queue (the message is then dropped).
     pub fn notify(&self, state: &str) {
+        self.send(state, Duration::ZERO);
+    }
+
+    /// As `notify`, trying again for up to `patience` while the supervisor's queue is full.
+    fn send(&self, state: &str, patience: Duration) {
         let Some((sock, addr)) = &self.target else {
             return;
         };
-        if let Err(e) = sock.send_to_addr(state.as_bytes(), addr)
-            && !self.warned.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!("cannot notify systemd ({state:?}): {e}");
+        let until = std::time::Instant::now() + patience;
+        let err = loop {
+            match sock.send_to_addr(state.as_bytes(), addr) {
+                Ok(_) => return,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => break e,
+            }
+        };
+        if err.kind() == std::io::ErrorKind::WouldBlock {
+            tracing::debug!("systemd's notification queue is full: {state:?} dropped");
+        } else if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!("cannot notify systemd ({state:?}): {err}");
         }
     }
 
     /// The service is up: `READY=1` with a status line.
     pub fn ready(&self, status: &str) {
-        self.notify(&format!("READY=1\nSTATUS={}", one_line(status)));
+        self.send(
+            &format!("READY=1\nSTATUS={}", one_line(status)),
+            Duration::from_millis(200),
+        );
     }
 
     pub fn status(&self, status: &str) {
@@ -71,7 +98,10 @@ impl Notifier {
     }
 
     pub fn stopping(&self, status: &str) {
-        self.notify(&format!("STOPPING=1\nSTATUS={}", one_line(status)));
+        self.send(
+            &format!("STOPPING=1\nSTATUS={}", one_line(status)),
+            Duration::from_millis(200),
+        );
     }
 }
 
@@ -103,7 +133,9 @@ fn open(socket: &str) -> std::io::Result<(UnixDatagram, SocketAddr)> {
         }
         None => SocketAddr::from_pathname(socket)?,
     };
-    Ok((UnixDatagram::unbound()?, addr))
+    let sock = UnixDatagram::unbound()?;
+    sock.set_nonblocking(true)?;
+    Ok((sock, addr))
 }
 
 /// A status is one line: a newline would start another `KEY=value` assignment.
@@ -114,6 +146,26 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_supervisor_that_stops_reading_never_blocks_the_sender() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let _listener = UnixDatagram::bind(&path).unwrap(); // bound, never read
+        let n = Notifier::to(Some(path.to_str().unwrap()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Far more than a datagram queue holds.
+            for i in 0..500 {
+                n.status(&format!("status {i}"));
+                n.watchdog();
+            }
+            n.stopping("stopping");
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("notifying blocked on a supervisor that does not read");
+    }
 
     #[test]
     fn messages_reach_a_path_socket_as_one_datagram_each() {

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod mqtt;
+pub mod recovery;
 pub mod serial;
 
 use std::collections::HashMap;
