@@ -6,7 +6,7 @@
 #          target-cpu: one binary for every ARMv8 board, the kernels pick their path at run
 #          time), into target/aarch64-debian as scripts/test-aarch64.sh.
 # Usage: scripts/build-deb.sh [amd64] [arm64]        (default: both)
-# Needs: cargo-deb (`cargo install cargo-deb --locked`; scripts/setup-tools.sh does it).
+# Needs: cargo-deb (`cargo install cargo-deb --locked`; scripts/setup.sh installs the pinned one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arches=("$@")
