@@ -127,3 +127,26 @@ fn no_module_uses_a_layer_above_its_own() {
     }
     assert!(bad.is_empty(), "arrows pointing up:\n{}", bad.join("\n"));
 }
+
+/// No shell-outs: nothing under src/ starts a program (the appliance's attack surface is its
+/// own code; a PLC's bytes can never reach a shell).
+#[test]
+fn no_module_starts_a_program() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if ["process::Command", "Command::new", "libc::system", "execv"]
+                .iter()
+                .any(|p| code.contains(p))
+            {
+                bad.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "programs started:\n{}", bad.join("\n"));
+}
