@@ -332,6 +332,13 @@ fn a_wrong_password_is_named_in_the_log_and_status_and_retried_with_a_growing_de
     let status = bad.wait_notify(why, Duration::from_secs(20));
     assert!(status.lines().any(bad_pw), "{status}");
     assert!(bad.is_running(), "{log}");
+    // Neither password ever reaches a log or systemd's status line.
+    for text in [&log, &status, &good.log_text()] {
+        assert!(
+            !text.contains("s3cret") && !text.contains("guess"),
+            "a password in the output:\n{text}"
+        );
+    }
 
     // `ask` with the wrong password fails at once, with the same words.
     let w = wrong.to_str().unwrap();
