@@ -16,32 +16,10 @@ use std::time::{Duration, Instant};
 const DEVICE: &str = "fault-dev";
 
 fn serve(port: u16, state: &Path) -> Daemon {
-    let m = common::model_path("q4_0").to_str().unwrap().to_owned();
-    let b = format!("127.0.0.1:{port}");
-    let s = state.to_str().unwrap();
     // Room for every request the faults pile up (all come from one publisher, one source):
     // a busy answer would be an answer, but not the one this test counts.
-    let conf = state.with_extension("toml");
-    std::fs::write(&conf, "[limits]\nqueue_depth = 512\nper_source = 512\n").unwrap();
-    Daemon::start(
-        &[
-            "--config",
-            conf.to_str().unwrap(),
-            "--model",
-            &m,
-            "--mqtt",
-            &b,
-            "--device",
-            DEVICE,
-            "--ctx",
-            "256",
-            "-t",
-            "1",
-            "--state-dir",
-            s,
-        ],
-        &[("EDGELLM_LOG", "info")],
-    )
+    let limits = "queue_depth = 512\nper_source = 512";
+    common::recovery::serve(port, DEVICE, state, limits, &[("EDGELLM_LOG", "info")])
 }
 
 /// Request `id`: every third one continues a named session (`s0`..`s2`).
@@ -124,20 +102,7 @@ fn the_broker_stopped_five_times_under_load_loses_nothing_and_computes_nothing_t
     let drops = log.matches("MQTT connection").count();
     assert!(drops >= 5, "{drops} disconnections seen:\n{log}");
     // Computed once each: the status counts each request taken once.
-    let status = Collector::start(broker.port, &format!("edgellm/{DEVICE}/status"), None);
-    let until = Instant::now() + Duration::from_secs(10);
-    let v = loop {
-        let v = status.got.lock().unwrap().last().map(|x| x.1.clone());
-        if let Some(v) = v.filter(|v| v["counters"]["answered"] == all.len()) {
-            break v;
-        }
-        assert!(
-            Instant::now() < until,
-            "status never showed {} answered",
-            all.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let v = common::recovery::wait_status(broker.port, DEVICE, all.len(), &log);
     assert_eq!(v["counters"]["accepted"], all.len(), "{v}");
     let sessions = verify_sessions(&state);
     eprintln!(

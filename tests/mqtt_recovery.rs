@@ -36,26 +36,7 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
 }
 
 fn serve(port: u16, state: &Path, env: &[(&str, &str)]) -> Daemon {
-    let b = format!("127.0.0.1:{port}");
-    let m = model();
-    let s = state.to_str().unwrap();
-    Daemon::start(
-        &[
-            "--model",
-            &m,
-            "--mqtt",
-            &b,
-            "--device",
-            DEVICE,
-            "--ctx",
-            "256",
-            "-t",
-            "1",
-            "--state-dir",
-            s,
-        ],
-        env,
-    )
+    common::recovery::serve(port, DEVICE, state, "", env)
 }
 
 /// Every id has exactly one final message, and it is an answer (not an error).
@@ -118,21 +99,7 @@ fn the_daemon_killed_with_requests_pending_answers_each_exactly_once_after_a_res
 
 /// The device's retained status once it counts `answered` answers.
 fn wait_status(port: u16, answered: usize, log: &str) -> Value {
-    let status = Collector::start(port, &format!("edgellm/{DEVICE}/status"), None);
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = status.got.lock().unwrap().last().map(|x| x.1.clone());
-        if let Some(v) = &got
-            && v["counters"]["answered"] == answered
-        {
-            return v.clone();
-        }
-        assert!(
-            Instant::now() < until,
-            "status never showed {answered} answered: {got:?}\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::recovery::wait_status(port, DEVICE, answered, log)
 }
 
 #[test]

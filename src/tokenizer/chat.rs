@@ -359,7 +359,7 @@ fn strftime(secs: u64, format: &str) -> String {
 
 /// Days since 1970-01-01 → (year, month 1..=12, day 1..=31), proleptic Gregorian
 /// (H. Hinnant's `civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

@@ -28,6 +28,8 @@
 
 mod bpe;
 mod chat;
+// The calendar of templates' `strftime_now`, also the audit trail's timestamps.
+pub(crate) use chat::civil_from_days;
 mod detok;
 mod encode;
 mod gguf;

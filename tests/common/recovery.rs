@@ -1,7 +1,7 @@
 //! A Mosquitto that stops and starts again on its port (keeping its sessions), and a
 //! subscriber that keeps every message: what the recovery and fault tests are made of.
 
-use super::mqtt::free_port;
+use super::mqtt::{Daemon, free_port};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -161,5 +161,54 @@ impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `edgellm serve` as device `device` of the broker on `port`, on one thread with a context of
+/// 256, keeping its state in `state`; `limits`, when not empty, the lines of a `[limits]`
+/// section (the queue's bounds have no flags).
+pub fn serve(port: u16, device: &str, state: &Path, limits: &str, env: &[(&str, &str)]) -> Daemon {
+    let b = format!("127.0.0.1:{port}");
+    let m = super::model_path("q4_0").to_str().unwrap().to_owned();
+    let s = state.to_str().unwrap().to_owned();
+    let conf = state.with_extension("toml");
+    let mut args = vec![
+        "--model",
+        &m,
+        "--mqtt",
+        &b,
+        "--device",
+        device,
+        "--ctx",
+        "256",
+        "-t",
+        "1",
+        "--state-dir",
+        &s,
+    ];
+    let c = conf.to_str().unwrap().to_owned();
+    if !limits.is_empty() {
+        std::fs::write(&conf, format!("[limits]\n{limits}\n")).unwrap();
+        args.extend(["--config", &c]);
+    }
+    Daemon::start(&args, env)
+}
+
+/// The device's retained status once it counts `answered` answers.
+pub fn wait_status(port: u16, device: &str, answered: usize, log: &str) -> Value {
+    let status = Collector::start(port, &format!("edgellm/{device}/status"), None);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = status.got.lock().unwrap().last().map(|x| x.1.clone());
+        if let Some(v) = &got
+            && v["counters"]["answered"] == answered
+        {
+            return v.clone();
+        }
+        assert!(
+            Instant::now() < until,
+            "status never showed {answered} answered: {got:?}\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
