@@ -59,16 +59,14 @@ impl Worker {
             if let Event::Done(d) = &ev
                 && let Some(r) = &d.session
             {
-                match &r.error {
-                    // The answer is given all the same; the session starts over from its next
-                    // request if the save never succeeds.
-                    Some(e) => {
-                        if c.saves.failed(e.clone()) {
-                            tracing::error!(request = req.id, "session not saved: {e}");
-                        }
+                // The answer is given all the same; the session starts over from its next
+                // request if the save never succeeds.
+                if let Some(e) = &r.error {
+                    if c.saves.failed(e.clone()) {
+                        tracing::error!(request = req.id, "session not saved: {e}");
                     }
-                    None if r.saved && c.saves.ok() => tracing::info!("session saves work again"),
-                    None => {}
+                } else if r.saved && c.saves.ok() {
+                    tracing::info!("session saves work again");
                 }
             }
             if let Event::Done(d) = &ev {
