@@ -46,8 +46,8 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// Opens (or creates) the trail in `cfg.dir`, cutting a torn last line and continuing the
-    /// chain from the last entry.
-    /// `state` is where the writer reports (the daemon's status reads it).
+    /// chain from the last entry. `state` is where the writer reports (the daemon's status
+    /// reads it).
     pub fn open(
         cfg: AuditConfig,
         model: ModelFacts,
@@ -90,7 +90,16 @@ impl AuditLog {
                 log.tail_cut = Some(tail.torn);
             }
             last.len = tail.good_len;
-            if let Some((seq, hash)) = tail.last {
+            // The chain goes on from the newest entry, which is in an older segment when the
+            // newest one is still empty (the power went just after it was made).
+            let mut newest = tail.last;
+            for older in log.segments.iter().rev().skip(1) {
+                if newest.is_some() {
+                    break;
+                }
+                newest = read::last_entry(&older.path)?.last;
+            }
+            if let Some((seq, hash)) = newest {
                 log.seq = seq;
                 log.prev = hash;
             }

@@ -273,3 +273,18 @@ fn a_write_that_fails_is_counted_undone_and_the_next_one_continues_the_chain() {
     assert!(v.bad.is_none(), "{v:?}");
     assert_eq!((v.entries, v.last_seq), (2, Some(2)));
 }
+
+#[test]
+fn an_empty_newest_segment_continues_the_chain_from_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path(), 1 << 20, false);
+    write(&mut log, 2);
+    drop(log);
+    // The power went just after the next segment was made, before its first entry.
+    std::fs::write(dir.path().join(read::segment_name(2)), b"").unwrap();
+    let mut log = open(dir.path(), 1 << 20, false);
+    write(&mut log, 1);
+    let v = verify(dir.path()).unwrap();
+    assert!(v.bad.is_none(), "{v:?}");
+    assert_eq!((v.entries, v.last_seq), (3, Some(3)));
+}
