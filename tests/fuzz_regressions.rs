@@ -29,27 +29,30 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Replays `files` through target `name`; an input that panics fails with its path. Each one
-/// must also finish well within libFuzzer's `-timeout=10` on a debug build.
-fn replay(name: &str, files: &[PathBuf]) {
+/// Replays `files` through target `name`; returns the inputs that panic (their messages are
+/// above) or take longer than libFuzzer's `-timeout=10`.
+fn replay(name: &str, files: &[PathBuf]) -> Vec<String> {
+    let mut failed = Vec::new();
     for f in files {
         let data = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let start = Instant::now();
-        let r = std::panic::catch_unwind(|| harness::run(name, &data));
-        assert!(r.is_ok(), "{name}: {} fails (above)", f.display());
-        let took = start.elapsed();
-        assert!(
-            took < Duration::from_secs(10),
-            "{name}: {} took {took:?}",
-            f.display()
-        );
+        if std::panic::catch_unwind(|| harness::run(name, &data)).is_err() {
+            failed.push(format!("{name}: {} fails (above)", f.display()));
+        } else if start.elapsed() > Duration::from_secs(10) {
+            failed.push(format!(
+                "{name}: {} took {:?}",
+                f.display(),
+                start.elapsed()
+            ));
+        }
     }
+    failed
 }
 
 #[test]
 fn every_corpus_and_regression_input_passes_its_target() {
     let dir = fuzz_dir();
-    let mut summary = Vec::new();
+    let (mut summary, mut failed) = (Vec::new(), Vec::new());
     for name in harness::TARGETS {
         let corpus = inputs(&dir.join("corpus").join(name));
         let regressions = inputs(&dir.join("regressions").join(name));
@@ -58,8 +61,8 @@ fn every_corpus_and_regression_input_passes_its_target() {
             !corpus.is_empty(),
             "tests/fuzz/corpus/{name}/ is missing or empty"
         );
-        replay(name, &corpus);
-        replay(name, &regressions);
+        failed.extend(replay(name, &corpus));
+        failed.extend(replay(name, &regressions));
         summary.push(format!(
             "{name}: {} corpus + {} regression inputs",
             corpus.len(),
@@ -71,6 +74,12 @@ fn every_corpus_and_regression_input_passes_its_target() {
     for line in &summary {
         writeln!(err, "fuzz_regressions: replayed {line}").expect("stderr");
     }
+    assert!(
+        failed.is_empty(),
+        "{} inputs fail:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]
