@@ -23,7 +23,7 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     };
     let mut files: Vec<PathBuf> = entries
         .map(|e| e.expect("readable directory entry").path())
-        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n == ".gitkeep"))
+        .filter(|p| p.is_file())
         .collect();
     files.sort();
     files

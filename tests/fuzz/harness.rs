@@ -205,7 +205,7 @@ fn kv_file(data: &[u8], parsed: &Result<snapshot::Parsed, KvError>) {
         )
     };
     if loaded.as_ref().is_err_and(too_long) {
-        assert!(read.as_ref().is_err_and(|e| too_long(e)));
+        assert!(read.as_ref().is_err_and(too_long));
         return;
     }
     assert_eq!(read.is_ok(), parsed.is_ok(), "{read:?}");
@@ -772,7 +772,7 @@ pub fn tokenizer(data: &[u8]) {
     let raw = tok.encode_bytes(bytes, sel & 0x10 != 0, sel & 0x20 != 0);
     assert!(raw.iter().all(|&i| (i as usize) < n), "{raw:?}");
     // Protected as a whole, even control-token text stays text.
-    let whole = tok.encode_protected(&text, false, &[0..text.len()]);
+    let whole = tok.encode_protected(&text, false, std::slice::from_ref(&(0..text.len())));
     assert!(!whole.iter().any(|&i| is_control(tok, i)), "{whole:?}");
     // The bytes as ids (any, in range or not): detokenizing and streaming never panic, and a
     // stream of pieces is their bytes, lossily decoded.
