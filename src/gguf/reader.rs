@@ -148,12 +148,13 @@ fn cap(what: &str, value: u64, limit: u64) -> Result<()> {
     Ok(())
 }
 
-/// Every tensor's data lies inside the file, and no two tensors share bytes.
+/// Every tensor's data lies inside the file, and no two tensors share bytes. An empty tensor
+/// too must start inside the file (or at its end): its view is the empty slice there.
 fn check_tensor_ranges(tensors: &[TensorInfo], data_offset: u64, file_size: u64) -> Result<()> {
     for t in tensors {
         let start = data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(t.size));
-        if t.size > 0 && end.is_none_or(|e| e > file_size) {
+        if end.is_none_or(|e| e > file_size) {
             return Err(GgufError::TensorPastEnd {
                 name: t.name.clone(),
                 offset: start.unwrap_or(u64::MAX),

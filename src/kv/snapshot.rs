@@ -242,6 +242,14 @@ pub fn decode_header(b: &[u8]) -> Result<Geometry, KvError> {
             g.n_layer, g.kv_dim, g.n_ctx
         )));
     }
+    // Every record's length is then a u64 (the checks of a record rely on it): a shape whose
+    // full context overflows could hold no record, and no cache of it could be allocated.
+    if record_len(&g, g.n_ctx).is_none() {
+        return Err(invalid(format!(
+            "n_layer {} × kv_dim {} × n_ctx {} overflows the size of a snapshot",
+            g.n_layer, g.kv_dim, g.n_ctx
+        )));
+    }
     Ok(g)
 }
 

@@ -181,9 +181,11 @@ impl ConsoleCore {
                 if self.utf8.len() == self.utf8_len {
                     let bytes = std::mem::take(&mut self.utf8);
                     self.utf8_len = 0;
+                    // A C1 control (U+0080..U+009F, such as U+009B, the one-byte CSI) typed as
+                    // UTF-8 would be echoed for the terminal to act on: refused like bad UTF-8.
                     match std::str::from_utf8(&bytes) {
-                        Ok(s) => self.insert(s, env),
-                        Err(_) => self.invalid(env),
+                        Ok(s) if !s.chars().any(char::is_control) => self.insert(s, env),
+                        _ => self.invalid(env),
                     }
                 }
                 return;

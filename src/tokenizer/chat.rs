@@ -174,6 +174,14 @@ impl ChatTemplate {
             }
             None => all.extend_from_slice(messages),
         }
+        // Only contents are kept apart as user text: a role is placed as template text, so one
+        // from a client (MQTT `messages`) holding `<|im_start|>` would become control tokens.
+        if let Some(m) = all.iter().find(|m| !plain_role(&m.role)) {
+            return Err(TokenizerError::Template(format!(
+                "role {:?} is not a plain name (1 to {MAX_ROLE} ASCII letters, digits, _ or -)",
+                m.role
+            )));
+        }
         let text = self.render(&all, add_generation_prompt)?;
         let marked: Vec<ChatMessage> = all
             .iter()
@@ -232,6 +240,17 @@ impl Rendered {
     pub fn ranges(&self) -> Vec<std::ops::Range<usize>> {
         self.contents.iter().map(|(_, r)| r.clone()).collect()
     }
+}
+
+/// Longest role [`ChatTemplate::render_protected`] accepts.
+pub const MAX_ROLE: usize = 32;
+
+/// `system`, `user`, `assistant`, `tool`, …: a name that no control token's text can be.
+fn plain_role(role: &str) -> bool {
+    (1..=MAX_ROLE).contains(&role.len())
+        && role
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Private-use characters around the message's index: no template text holds them.
