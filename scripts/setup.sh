@@ -7,7 +7,6 @@
 #   - socat (serial tests: pty pairs behind link paths that vanish and return) and mbpoll (a
 #     second, independent Modbus master for the Modbus tests)
 #   - g++ for aarch64: bench/build-llamacpp.sh cross-builds llama.cpp (C++) for the emulated comparison
-#   - cargo-deny (from crates.io, pinned): the dependency tree's licences, bans and sources
 #   - packaging and the emulated board: cargo-deb (from crates.io, pinned), file, python3-venv
 #     (oelint-adv and kas from PyPI, by scripts/check-yocto.sh), mmdebstrap with arch-test and
 #     binfmt-support (the board's arm64 root filesystem), qemu-system-arm (the board itself)
@@ -35,11 +34,5 @@ cargo_deb=3.8.0
 if [ "$(cargo deb --version 2>/dev/null | awk '{print $2}')" != "$cargo_deb" ]; then
     echo "setup: cargo install cargo-deb $cargo_deb" >&2
     cargo install --quiet --locked cargo-deb --version "$cargo_deb"
-fi
-# cargo-deny checks the dependency tree's licences, bans and sources (scripts/check-deps.sh).
-cargo_deny=0.20.2
-if [ "$(cargo deny --version 2>/dev/null | awk '{print $2}')" != "$cargo_deny" ]; then
-    echo "setup: cargo install cargo-deny $cargo_deny" >&2
-    cargo install --quiet --locked cargo-deny --version "$cargo_deny"
 fi
 echo "setup: cross toolchain ready: $(/usr/bin/rustc --version), $(qemu-aarch64-static --version | head -n1)" >&2

@@ -53,8 +53,12 @@ rootfs_log="$PWD/target/board-rootfs.log"
 mkdir -p target
 setsid scripts/board-test.sh --rootfs-only >"$rootfs_log" 2>&1 &
 rootfs_pid=$!
-# A stage that fails stops the script: the build in the background stops with it.
-trap 'kill -- -"$rootfs_pid" 2>/dev/null || true; finish' EXIT
+# cargo-deny (for the dependencies stage) is built meanwhile too, on the cores the tests leave.
+deny_log="$PWD/target/cargo-deny-install.log"
+setsid scripts/check-deps.sh --install >"$deny_log" 2>&1 &
+deny_pid=$!
+# A stage that fails stops the script: the builds in the background stop with it.
+trap 'kill -- -"$rootfs_pid" -"$deny_pid" 2>/dev/null || true; finish' EXIT
 
 step "model files (fetched and derived once, then verified)"
 cargo build --release --quiet --bin edgellm
@@ -98,6 +102,7 @@ echo "rust $msrv: the workspace checks (locked)"
 prune target/msrv target/debug
 
 step "dependencies: cargo deny (licences, bans, sources; offline)"
+wait "$deny_pid" || { cat "$deny_log"; echo "cargo-deny could not be installed (above)" >&2; exit 1; }
 scripts/check-deps.sh
 
 step "aarch64 tests under qemu (kernels: cortex-a53, cortex-a76, max; engine: cortex-a53, max)"
