@@ -353,9 +353,16 @@ def sessions_on_flash(board):
         timeout=300)
     have, aside = {}, []
     for line in out.splitlines():
-        parts = line.split()
-        if not parts or parts[0] not in ("ok", "bad", "aside", "other"):
+        # Anywhere in the line, not only at its start: the output's first line may begin with
+        # the tail of a prompt whose head came in the read before (sh() strips whole prompts
+        # only). A loaded CI machine once split "board# " so, and the check called a session
+        # file that was there lost.
+        found = re.search(r"(ok|bad) (\S+\.kv) .*$|(aside) (\S+\.corrupt-\S*)|(other) (\S+)", line)
+        if not found:
             continue
+        kind, name = [g for g in found.groups() if g is not None][:2]
+        parts = [kind, name]
+        line = found.group(0)
         check(parts[0] != "bad", f"a session file fails `edgellm kv verify`: {line}")
         if parts[0] == "ok":
             # `kv verify` says "FILE: ok (N tokens in R records)".
