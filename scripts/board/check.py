@@ -33,6 +33,9 @@ import threading
 import time
 import tty
 
+# The guest root shell's prompt (scripts/board/customize.sh sets PS1).
+PROMPT = "board# "
+
 MODEL = "/usr/share/edgellm/models/smollm2-135m-q4_1.gguf"
 SESSIONS = "/var/lib/edgellm/sessions"
 CTX = 512
@@ -150,8 +153,14 @@ class Console:
         # the console echo it) never matches.
         self.send(f"{cmd}; printf '%s%s:%d\\n' __E {n} $?\n")
         m = self.wait(rf"__E{n}:(\d+)\r?\n", timeout, start)
-        # The prompt of the command before opens the output: it is not the command's.
-        out = re.sub(r"^(board# )+", "", self.buf[start : m.start()], flags=re.M)
+        # The prompt of the command before opens the output: it is not the command's. It may
+        # also be cut: its head came before `start`, in an earlier read ("oard# …").
+        out = self.buf[start : m.start()]
+        for k in range(len(PROMPT) - 1, 1, -1):
+            if out.startswith(PROMPT[-k:]):
+                out = out[k:]
+                break
+        out = re.sub(r"^(board# )+", "", out, flags=re.M)
         rc = int(m.group(1))
         if ok and rc != 0:
             raise Failed(f"guest: `{cmd}` exited {rc}: {out.strip()[-800:]}")
