@@ -210,8 +210,8 @@ fn systemd_hears_ready_then_watchdog_pings() {
 
 #[test]
 fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
-    let port = common::mqtt::free_port();
     // The 3.1.1 listener is the next port: find a pair that is free.
+    let port = common::mqtt::free_ports(2);
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("edgellm.toml");
     std::fs::write(

@@ -9,13 +9,39 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on now (bound and released: the tests run one broker each).
+/// A loopback port nobody listens on now, for a server the test starts next.
+///
+/// It is drawn below the kernel's ephemeral range: a port from `bind(:0)` is one the kernel
+/// also hands to outgoing connections, so a client socket of a test running beside this one
+/// could take it between the check and the server's bind, or while a broker restarts on it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)
+}
+
+/// The first of `n` consecutive free loopback ports (the embedded broker listens on two).
+pub fn free_ports(n: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static DRAW: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768)
+        .clamp(12000, 65000);
+    let (base, span) = (low - 10000, 10000 - u32::from(n));
+    // Different processes start at different places; draws in one process never repeat.
+    let seed = std::process::id().wrapping_mul(2654435761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..1000 {
+        let k = DRAW.fetch_add(1, Ordering::Relaxed);
+        let first = (base + (seed.wrapping_add(k.wrapping_mul(7919)) % span)) as u16;
+        let free = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok());
+        if free {
+            return first;
+        }
+    }
+    panic!("no {n} free loopback ports below {low}");
 }
 
 fn wait_listening(port: u16, what: &str) {
@@ -83,26 +109,35 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `edgellm serve ARGS` with `env`, and waits for its `READY=1`.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let d = Daemon::spawn(args, env);
-        let got = d.wait_notify("READY=1", Duration::from_secs(60));
-        assert!(
-            got.contains("READY=1"),
-            "no READY=1: {got}\n{}",
-            d.log_text()
-        );
+        let mut d = Daemon::spawn(args, env);
+        d.wait_ready();
         d
+    }
+
+    /// Waits up to 60 s for `READY=1`, failing at once if the daemon exits first.
+    fn wait_ready(&mut self) {
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut got = String::new();
+        while Instant::now() < until {
+            got.push_str(&self.wait_notify("READY=1", Duration::from_millis(200)));
+            if got.contains("READY=1") {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the daemon exited ({status}) before READY=1: {got}\n{}",
+                    self.log_text()
+                );
+            }
+        }
+        panic!("no READY=1 within 60 s: {got}\n{}", self.log_text());
     }
 
     /// As [`Daemon::start`], run by `wrapper` (a command that ends by exec'ing its arguments,
     /// such as `unshare … sh -c '…; exec "$@"'`), so the daemon keeps the child's pid.
     pub fn start_wrapped(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let d = Daemon::spawn_by(wrapper, args, env);
-        let got = d.wait_notify("READY=1", Duration::from_secs(60));
-        assert!(
-            got.contains("READY=1"),
-            "no READY=1: {got}\n{}",
-            d.log_text()
-        );
+        let mut d = Daemon::spawn_by(wrapper, args, env);
+        d.wait_ready();
         d
     }
 
