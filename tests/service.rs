@@ -24,20 +24,24 @@ const IM_END: u32 = 2;
 
 /// The ASCII synthetic model (one character per token, ' ' and '\n' included) with, when
 /// `chat`, a ChatML template.
-fn model(chat: bool) -> Arc<Model> {
-    let bytes = common::ascii_chat_model_bytes(&SynthSpec::default(), chat.then_some(CHATML));
+fn model(template: Option<&str>) -> Arc<Model> {
+    let bytes = common::ascii_chat_model_bytes(&SynthSpec::default(), template);
     let g = Gguf::from_bytes("chat.gguf", bytes).unwrap();
     Arc::new(Model::from_gguf(g).unwrap())
 }
 
 fn service(chat: bool, queue_depth: usize, per_source: usize) -> Service {
+    service_with(chat.then_some(CHATML), queue_depth, per_source)
+}
+
+fn service_with(template: Option<&str>, queue_depth: usize, per_source: usize) -> Service {
     let cfg = EngineConfig {
         n_ctx: 256,
         chunk: 16,
         threads: 1,
         ..Default::default()
     };
-    let engine = Engine::new(model(chat), cfg).unwrap();
+    let engine = Engine::new(model(template), cfg).unwrap();
     let cfg = ServiceConfig {
         queue_depth,
         per_source,
@@ -402,6 +406,39 @@ fn a_model_without_a_chat_template_refuses_a_chat_and_answers_raw_text() {
     svc.handle().submit(r, recorder("r", &log)).unwrap();
     let d = done(last(&log, "r"));
     assert_eq!(d.usage.completion_tokens, 3);
+}
+
+#[test]
+fn a_chat_template_that_never_ends_is_set_aside_at_start_and_raw_prompts_still_work() {
+    // From a hostile or broken model file: 10^10 steps without the render bound.
+    let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let svc = service_with(Some(spin), 4, 4);
+    let log = Log::default();
+    svc.handle()
+        .submit(chat("c", "t", "x"), recorder("c", &log))
+        .unwrap();
+    match last(&log, "c") {
+        Event::Error(e) => {
+            assert_eq!(e.code, ErrorCode::BadRequest);
+            assert!(
+                e.message.contains("no usable chat template"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut r = Request::new(
+        "r",
+        "t",
+        Prompt::Text {
+            text: "abc".into(),
+            special: false,
+        },
+    );
+    r.max_tokens = 3;
+    svc.handle().submit(r, recorder("r", &log)).unwrap();
+    assert_eq!(done(last(&log, "r")).usage.completion_tokens, 3);
 }
 
 #[test]

@@ -69,7 +69,8 @@ pub fn build(
             let template = template.ok_or_else(|| {
                 ServiceError::new(
                     ErrorCode::BadRequest,
-                    "this model has no chat template: send a raw prompt instead of a chat",
+                    "this model has no usable chat template (the daemon's log says why at start): \
+                     send a raw prompt instead of a chat",
                 )
             })?;
             let r = template.render_protected(req.system.as_deref(), messages, true)?;

@@ -336,8 +336,17 @@ impl Service {
         };
         let recorder = recorder();
         // A model without a template still answers raw prompts; a chat is then refused.
+        // One that cannot format a single user turn (a template from the model file that loops,
+        // floods or raises) is as good as none, and is said so once here rather than per chat.
+        let trial = [crate::tokenizer::ChatMessage::new("user", "Hello")];
         let template = match engine.model().chat_template() {
-            Ok(t) => Some(t),
+            Ok(t) => match t.render_protected(None, &trial, true) {
+                Ok(_) => Some(t),
+                Err(e) => {
+                    tracing::warn!("the model's chat template is not used: {e}; chats are refused");
+                    None
+                }
+            },
             Err(e) => {
                 tracing::info!("no chat template: {e}");
                 None

@@ -94,19 +94,59 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.
+    ///
+    /// The template comes from the model file, so it is bounded like any input: it may take
+    /// [`FUEL_BASE`] + [`FUEL_PER_MESSAGE`] per message steps and write [`output_bound`]
+    /// bytes, and fails past either instead of looping or filling memory with its output.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        let tmpl = self.env.get_template(NAME).map_err(template_error)?;
-        tmpl.render(context! {
+        // The fuel is the environment's: a copy (its templates are shared, not recompiled)
+        // carries this rendering's.
+        let mut env = self.env.clone();
+        let n = messages.len() as u64;
+        env.set_fuel(Some(
+            FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(n)),
+        ));
+        let tmpl = env.get_template(NAME).map_err(template_error)?;
+        let text_bytes: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
+        let mut out = Bounded {
+            buf: Vec::new(),
+            limit: output_bound(messages.len(), text_bytes),
+            full: false,
+        };
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
-        })
-        .map_err(template_error)
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(TokenizerError::Template(format!(
+                    "the chat template took more than {} steps for {n} messages: it loops \
+                     far beyond what formatting a conversation needs",
+                    FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(n))
+                )));
+            }
+            Err(_) if out.full => {
+                return Err(TokenizerError::Template(format!(
+                    "the chat template wrote more than {} bytes for {n} messages of {text_bytes} \
+                     bytes",
+                    out.limit
+                )));
+            }
+            Err(e) => return Err(template_error(e)),
+        }
+        // Every piece written is a whole `str`, and the limit cuts only between pieces.
+        String::from_utf8(out.buf)
+            .map_err(|_| TokenizerError::Template("the chat template wrote invalid UTF-8".into()))
     }
 
     /// Renders with `system` as the system prompt: it replaces a leading system message or is
@@ -223,6 +263,45 @@ impl ChatTemplate {
             return Err(unfollowable());
         }
         Ok(Rendered { text, contents })
+    }
+}
+
+/// Steps (minijinja's fuel, about one per instruction) any rendering may take. The templates
+/// models ship take a few dozen per message (SmolLM2's 23, Gemma 3's 50, measured), so only a
+/// template that loops on its own gets near this.
+pub const FUEL_BASE: u64 = 100_000;
+/// Further steps per message of the conversation.
+pub const FUEL_PER_MESSAGE: u64 = 1_000;
+
+/// Most bytes a rendering may write for `messages` messages holding `text_bytes` bytes of
+/// roles and contents: the text itself a few times over (a template may repeat the system
+/// prompt), a turn header per message, and room for a long default system prompt.
+pub fn output_bound(messages: usize, text_bytes: usize) -> usize {
+    (1usize << 20)
+        .saturating_add(text_bytes.saturating_mul(4))
+        .saturating_add(messages.saturating_mul(256))
+}
+
+/// A writer that refuses to grow past `limit`.
+struct Bounded {
+    buf: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.limit {
+            // Remembered for the caller, whatever minijinja makes of the error.
+            self.full = true;
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -482,6 +561,43 @@ mod tests {
             .render_protected(None, &[ChatMessage::new("user", "hi")], false)
             .unwrap_err();
         assert!(err.to_string().contains("told apart"), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_loops_or_floods_fails_with_its_bound_instead_of_running_on() {
+        let hi = [ChatMessage::new("user", "hi")];
+        // 10^10 iterations unbounded; here the fuel runs out after about 10^5 steps.
+        let spin =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(spin, "", "").unwrap();
+        let started = std::time::Instant::now();
+        let err = t.render(&hi, true).unwrap_err().to_string();
+        assert!(
+            err.contains("more than 101000 steps for 1 messages"),
+            "{err}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        // 1000 × 100 kB = 100 MB of output for a 6-byte conversation: stopped at the bound.
+        let flood = "{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let t = ChatTemplate::new(flood, "", "").unwrap();
+        let err = t.render(&hi, true).unwrap_err().to_string();
+        let bound = output_bound(1, 6);
+        assert!(
+            err.contains(&format!("wrote more than {bound} bytes")),
+            "{err}"
+        );
+        // Each bound grows with the conversation: what the first refused, a larger one allows.
+        let long: Vec<ChatMessage> = (0..120).map(|_| ChatMessage::new("user", "x")).collect();
+        let busy = "{% for m in messages %}{% for i in range(300) %}{% endfor %}{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(busy, "", "").unwrap();
+        assert!(t.render(&hi, false).is_ok());
+        assert_eq!(t.render(&long, false).unwrap(), "x".repeat(120));
+        let wide = "{% for m in messages %}{{ m.content * 10000 }}{% endfor %}";
+        let t = ChatTemplate::new(wide, "", "").unwrap();
+        let big: Vec<ChatMessage> = (0..200).map(|_| ChatMessage::new("user", "xx")).collect();
+        assert!(t.render(&big, false).is_err(), "4 MB from 600 bytes");
+        let big: Vec<ChatMessage> = (0..50).map(|_| ChatMessage::new("user", "xx")).collect();
+        assert_eq!(t.render(&big, false).unwrap().len(), 50 * 20_000);
     }
 
     #[test]
