@@ -1,10 +1,12 @@
-//! A state partition that fills up under the running daemon: the answers go on, the status
-//! names each write that fails (session saves, the answer journal, the audit trail), nothing
-//! written before is damaged, and everything clears when space returns, across a restart too.
+//! A state partition that fills up, or turns read-only, under the running daemon: the answers
+//! go on, the status names each write that fails (session saves, the answer journal, the audit
+//! trail), nothing written before is damaged, and everything clears when space returns or the
+//! partition is repaired, across a restart too.
 //!
-//! The state directory is a small tmpfs in a mount namespace of the test's own (`unshare`,
-//! held open by a `sleep`); the daemon runs in it through `nsenter`, and the test reaches the
-//! files through `/proc/<holder>/root`. Needs root (CAP_SYS_ADMIN), as CI has.
+//! The state directory is a small tmpfs, or an ext4 image on a loop device, in a mount
+//! namespace of the test's own (`unshare`, held open by a `sleep`); the daemon runs in it
+//! through `nsenter`, and the test reaches the files through `/proc/<holder>/root`. Needs root
+//! (CAP_SYS_ADMIN, loop devices), as CI has.
 
 mod common;
 
@@ -25,9 +27,21 @@ struct Namespace {
 
 impl Namespace {
     fn new(dir: &Path, size: &str) -> Namespace {
+        Namespace::mounted(dir, &format!("mount -t tmpfs -o size={size} edgellm-state"))
+    }
+
+    /// `image`, an ext4 filesystem, on a loop device with `errors=remount-ro`: the kernel
+    /// makes it read-only at its first error, files open for writing or not, as it does when a
+    /// worn flash fails under a running appliance.
+    fn ext4(dir: &Path, image: &Path) -> Namespace {
+        let mount = format!("mount -o loop,errors=remount-ro {}", image.display());
+        Namespace::mounted(dir, &mount)
+    }
+
+    /// Runs `mount DIR` in a new mount namespace kept by a sleeping process.
+    fn mounted(dir: &Path, mount: &str) -> Namespace {
         std::fs::create_dir_all(dir).unwrap();
-        let script =
-            format!("mount -t tmpfs -o size={size} edgellm-state \"$0\" && exec sleep 600");
+        let script = format!("{mount} \"$0\" && exec sleep 600");
         let holder = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", &script])
             .arg(dir)
@@ -37,16 +51,26 @@ impl Namespace {
             holder,
             dir: dir.to_path_buf(),
         };
-        // Mounted once the holder's view of the directory is a tmpfs.
+        // Mounted once the holder sees a filesystem on the directory.
         let until = Instant::now() + T;
-        while !mounts(ns.holder.id()).contains("edgellm-state") {
+        while ns.mount_line().is_none() {
             assert!(
                 Instant::now() < until,
-                "the tmpfs was not mounted (root is needed)"
+                "`{mount}` did not mount {} (root is needed)",
+                dir.display()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
         ns
+    }
+
+    /// The holder's `/proc/mounts` line for the directory.
+    fn mount_line(&self) -> Option<String> {
+        let point = format!(" {} ", self.dir.display());
+        mounts(self.holder.id())
+            .lines()
+            .find(|l| l.contains(&point))
+            .map(str::to_owned)
     }
 
     /// The state directory as the daemon sees it.
@@ -252,4 +276,104 @@ fn a_full_state_partition_costs_the_records_not_the_answers_and_clears_when_spac
     let v = audit_verify(&ns);
     assert!(v.contains(&format!("to {} verify", last + 1)), "{v}");
     drop(d2);
+}
+
+/// An error of the filesystem behind `ns` (ext4's own test trigger): with `errors=remount-ro`
+/// the kernel aborts its journal and makes it read-only at once.
+fn fail_filesystem(ns: &Namespace) {
+    let line = ns.mount_line().unwrap();
+    let dev = line.split_whitespace().next().unwrap();
+    let name = Path::new(dev).file_name().unwrap().to_str().unwrap();
+    let trigger = format!("/sys/fs/ext4/{name}/trigger_fs_error");
+    std::fs::write(&trigger, "edgellm test\n").unwrap_or_else(|e| panic!("{trigger}: {e}"));
+    let until = Instant::now() + T;
+    // Linux 6.x marks it `emergency_ro` and keeps `rw` in the options; older kernels say `ro`.
+    let read_only = |l: String| l.contains(" ro,") || l.contains("emergency_ro");
+    while !read_only(ns.mount_line().unwrap()) {
+        assert!(
+            Instant::now() < until,
+            "still writable: {:?}",
+            ns.mount_line()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_state_partition_that_turns_read_only_costs_the_records_not_the_answers() {
+    let broker = Mosquitto::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("state.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .status()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(mkfs.success());
+    let ns = Namespace::ext4(&tmp.path().join("state"), &image);
+    let mut d = serve(&ns, broker.port);
+
+    turn(broker.port, "Hello, who are you?");
+    let session = ns.path("sessions/s1.kv");
+    let saved = verified(&session);
+    assert!(faults(&status(broker.port)).is_empty());
+
+    fail_filesystem(&ns);
+    // The answers go on; each kind of record names its failure.
+    let want = ["sessions: ", "journal: ", "audit: "];
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        turn(broker.port, &format!("Tell me more, part {i}."));
+        seen = faults(&status(broker.port));
+        if want.iter().all(|w| seen.iter().any(|f| f.starts_with(w))) {
+            break;
+        }
+    }
+    for w in want {
+        let f = seen.iter().find(|f| f.starts_with(w));
+        let f = f.unwrap_or_else(|| panic!("no {w}fault in the status: {seen:?}"));
+        eprintln!("{f}");
+        // New files: EROFS; files it holds open: EIO, as the aborted journal answers.
+        assert!(
+            f.contains("Read-only file system") || f.contains("Input/output error"),
+            "{f}"
+        );
+    }
+    assert_eq!(d.terminate(T).code(), Some(0), "{}", d.log_text());
+    drop(ns);
+
+    // The technician's repair: fsck, then the daemon comes back on the same partition with
+    // what was saved before the error intact.
+    let fsck = Command::new("e2fsck")
+        .args(["-f", "-y"])
+        .arg(&image)
+        .output()
+        .expect("e2fsck");
+    // 0: clean, 1: errors corrected.
+    assert!(
+        matches!(fsck.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&fsck.stdout)
+    );
+    let ns = Namespace::ext4(&tmp.path().join("state"), &image);
+    assert_eq!(verified(&ns.path("sessions/s1.kv")), saved);
+    audit_verify(&ns);
+    let d = serve(&ns, broker.port);
+    let out = ask(
+        broker.port,
+        DEVICE,
+        &["--session", "s1", "-n", "4", "--json", "Still there?"],
+    );
+    let answer = common::json_of(&out);
+    assert!(
+        answer["usage"]["restored_tokens"].as_u64().unwrap() > 0,
+        "{answer}"
+    );
+    let s = status_until(broker.port, |s| faults(s).is_empty());
+    assert!(faults(&s).is_empty(), "{s}");
+    drop(d);
 }
