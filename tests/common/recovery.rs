@@ -90,10 +90,21 @@ pub struct Collector {
 }
 
 impl Collector {
+    /// Returns once the subscription is in place: the broker has sent it a retained probe.
     pub fn start(port: u16, topic: &str, persistent_id: Option<&str>) -> Collector {
+        // Its own probe topic, so that collectors on one broker do not see each other's.
+        static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = format!("edgellm-test/probe/{}-{n}", std::process::id());
+        let published = Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", &probe])
+            .args(["-r", "-q", "1", "-m", "probe"])
+            .status()
+            .expect("mosquitto_pub");
+        assert!(published.success(), "the probe could not be published");
         let mut cmd = Command::new("mosquitto_sub");
         cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
-            .args(["-q", "1", "-v"]);
+            .args(["-t", &probe, "-q", "1", "-v"]);
         if let Some(id) = persistent_id {
             cmd.args(["-c", "-i", id]);
         }
@@ -105,17 +116,25 @@ impl Collector {
         let out = child.stdout.take().unwrap();
         let got = Arc::new(Mutex::new(Vec::new()));
         let g = Arc::clone(&got);
+        let (subscribed, ready) = std::sync::mpsc::channel();
+        let probe_topic = probe.clone();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some((t, p)) = line.split_once(' ')
-                    && let Ok(v) = serde_json::from_str(p)
-                {
+                let Some((t, p)) = line.split_once(' ') else {
+                    continue;
+                };
+                if t == probe_topic {
+                    let _ = subscribed.send(());
+                } else if let Ok(v) = serde_json::from_str(p) {
                     g.lock().unwrap().push((t.to_owned(), v));
                 }
             }
         });
-        // mosquitto_sub subscribes right after it connects.
-        std::thread::sleep(Duration::from_millis(300));
+        // A fixed pause was not enough on a loaded machine: answers went out before it had
+        // subscribed, and a collector that missed them failed the test.
+        ready
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the collector did not subscribe within 30 s");
         Collector { child, got }
     }
 
