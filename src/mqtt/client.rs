@@ -451,7 +451,7 @@ fn on_publish(
             let body = contract::error_json(refused.id.as_deref(), &refused.error);
             // An unreadable id gets the answer on the response topic, or a shared error topic.
             let c = ctx(if id.is_empty() { "error" } else { &id }, false);
-            let _ = tx.try_send(Out::Reply(c, body));
+            queue_reply(tx, Out::Reply(c, body));
         }
         Ok(parsed) => {
             let id = parsed.request.id.clone();
@@ -461,9 +461,30 @@ fn on_publish(
                 tx: tx.clone(),
             };
             if let Err(e) = service.submit(parsed.request, Box::new(sink)) {
-                let _ = tx.try_send(Out::Reply(c, contract::error_json(Some(&id), &e)));
+                queue_reply(tx, Out::Reply(c, contract::error_json(Some(&id), &e)));
             }
         }
+    }
+}
+
+/// Hands a refusal to the publisher without blocking the poll loop and without dropping it.
+///
+/// The channel is full while the publisher waits on a slow broker. A refusal dropped there was
+/// never published, so its request was never acknowledged either, and the broker sends only so
+/// many unacknowledged requests (Mosquitto: 20) before it stops sending any: a burst of
+/// refusals made the device deaf until it reconnected. One that finds the channel full waits
+/// in a task of its own; the broker's in-flight window bounds how many do.
+fn queue_reply(tx: &mpsc::Sender<Out>, out: Out) {
+    match tx.try_send(out) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(out)) => {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(out).await;
+            });
+        }
+        // The client is stopping: unacknowledged, the request is delivered again.
+        Err(mpsc::error::TrySendError::Closed(_)) => {}
     }
 }
 
@@ -581,5 +602,56 @@ impl Backoff {
         let d = self.0;
         self.0 = (self.0 * 2).min(Backoff::MAX);
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(id: &str) -> Out {
+        let ctx = Ctx {
+            id: id.to_owned(),
+            topic: format!("edgellm/dev/response/{id}"),
+            correlation: None,
+            properties: false,
+            stream: false,
+            key: [0; 32],
+            ack: None,
+        };
+        Out::Reply(Arc::new(ctx), Vec::new())
+    }
+
+    fn id(out: &Out) -> &str {
+        match out {
+            Out::Reply(c, _) | Out::Event(c, _) => &c.id,
+        }
+    }
+
+    #[test]
+    fn a_refusal_that_finds_the_channel_full_waits_for_room_and_is_not_dropped() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (tx, mut rx) = mpsc::channel::<Out>(2);
+            for i in 0..5 {
+                queue_reply(&tx, refusal(&format!("r{i}")));
+            }
+            let mut got = Vec::new();
+            for _ in 0..5 {
+                let out = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                    .await
+                    .expect("a refusal was dropped")
+                    .unwrap();
+                got.push(id(&out).to_owned());
+            }
+            got.sort();
+            assert_eq!(got, ["r0", "r1", "r2", "r3", "r4"]);
+            // Once the client stops, a refusal is let go: its request is delivered again.
+            drop(rx);
+            queue_reply(&tx, refusal("late"));
+        });
     }
 }
