@@ -451,6 +451,22 @@ impl SessionStore {
                 s.saved = true;
                 self.status.saves += 1;
                 let keep = s.id.clone();
+                // The budget deletes the least recently *written* files first. A turn that adds
+                // no position (a session at its context's end) writes nothing, so its file
+                // would age while the session is in use and be deleted before idle ones (seen
+                // in the soak test): its time is brought up to date instead.
+                if kind == SaveKind::Unchanged
+                    && let Some(id) = &keep
+                {
+                    let now = std::time::SystemTime::now();
+                    let touched = File::options()
+                        .write(true)
+                        .open(self.session_path(id))
+                        .and_then(|f| f.set_modified(now));
+                    if let Err(e) = touched {
+                        tracing::debug!(session = %id, "cannot update the file's time: {e}");
+                    }
+                }
                 self.enforce_disk_budget(keep.as_ref());
                 Ok(kind)
             }
