@@ -14,7 +14,13 @@ use std::time::{Duration, Instant};
 const DEVICE: &str = "soak";
 /// Cold sessions, more than the budget holds: each is evicted before its next turn.
 const SESSIONS: usize = 40;
-const DISK_BUDGET: u64 = 8 << 20;
+/// Context of the daemon: a session file holds at most this many positions (f16 KV,
+/// SmolLM2-135M: 23,040 bytes each), so a hot session never outgrows 5.9 MB.
+const CTX: usize = 256;
+/// Room for the three hot sessions at their largest (17.7 MB) and a dozen cold ones: the cold
+/// ones are evicted, the hot ones never have to be. (At 8 MiB and context 512 the hot ones
+/// alone could fill it, and one was evicted in a CI rehearsal once turns came fast enough.)
+const DISK_BUDGET: u64 = 32 << 20;
 
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -65,7 +71,7 @@ fn sessions_created_resumed_and_evicted_for_minutes_leave_memory_and_descriptors
             "--state-dir",
             state.to_str().unwrap(),
             "-c",
-            "512",
+            &CTX.to_string(),
             "-t",
             "2",
         ],
@@ -134,7 +140,12 @@ fn sessions_created_resumed_and_evicted_for_minutes_leave_memory_and_descriptors
     // The hot sessions were kept (resumed from their files), cold ones were evicted.
     for n in 1..=3 {
         let f = state.join(format!("sessions/hot{n}.kv"));
-        assert!(f.exists(), "hot session {} was evicted", f.display());
+        assert!(
+            f.exists(),
+            "hot session {} was evicted\n{}",
+            f.display(),
+            d.log_text()
+        );
     }
     assert!(
         0 < cold && cold < SESSIONS.min(turns / 4),
