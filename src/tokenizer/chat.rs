@@ -586,16 +586,20 @@ mod tests {
             err.contains(&format!("wrote more than {bound} bytes")),
             "{err}"
         );
-        // Each bound grows with the conversation: what the first refused, a larger one allows.
-        let long: Vec<ChatMessage> = (0..120).map(|_| ChatMessage::new("user", "x")).collect();
-        let busy = "{% for m in messages %}{% for i in range(300) %}{% endfor %}{{ m.content }}{% endfor %}";
+        // Each bound grows with the conversation: 200 messages of 150 loop steps each take more
+        // than FUEL_BASE in all, and are within their share.
+        let long: Vec<ChatMessage> = (0..200).map(|_| ChatMessage::new("user", "x")).collect();
+        let busy = "{% for m in messages %}{% for i in range(150) %}{{ '' }}{% endfor %}{{ m.content }}{% endfor %}";
         let t = ChatTemplate::new(busy, "", "").unwrap();
-        assert!(t.render(&hi, false).is_ok());
-        assert_eq!(t.render(&long, false).unwrap(), "x".repeat(120));
+        assert_eq!(t.render(&long, false).unwrap(), "x".repeat(200));
+        let spins = busy.replace("range(150)", "range(600)");
+        let t = ChatTemplate::new(&spins, "", "").unwrap();
+        let err = t.render(&long, false).unwrap_err().to_string();
+        assert!(err.contains("steps for 200 messages"), "{err}");
         let wide = "{% for m in messages %}{{ m.content * 10000 }}{% endfor %}";
         let t = ChatTemplate::new(wide, "", "").unwrap();
         let big: Vec<ChatMessage> = (0..200).map(|_| ChatMessage::new("user", "xx")).collect();
-        assert!(t.render(&big, false).is_err(), "4 MB from 600 bytes");
+        assert!(t.render(&big, false).is_err(), "4 MB from 1200 bytes");
         let big: Vec<ChatMessage> = (0..50).map(|_| ChatMessage::new("user", "xx")).collect();
         assert_eq!(t.render(&big, false).unwrap().len(), 50 * 20_000);
     }
