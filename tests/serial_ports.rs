@@ -1,5 +1,5 @@
 //! Serial ports as the daemon lives with them: a port that vanishes and comes back (a `socat`
-//! link, as a USB adapter unplugged), two ports at once, and serial and MQTT requests sharing
+//! link, as a USB adapter unplugged), idle or mid-answer, two ports at once, and serial and MQTT requests sharing
 //! the one queue fairly. The port's state is in the retained MQTT status.
 
 mod common;
@@ -102,6 +102,87 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
         "{s}"
     );
     assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    let _ = link.kill();
+    let _ = link.wait();
+}
+
+#[test]
+fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut link = socat(dir.path());
+    let m = model_arg(&common::model_path("q4_0"));
+    let dev = format!("{}:115200:line", dir.path().join("dev").display());
+    let b = format!("127.0.0.1:{}", broker.port);
+    let mut d = Daemon::start(
+        &[
+            "-m", &m, "--mqtt", &b, "--device", "sp2", "--serial", &dev, "-c", "256",
+        ],
+        &[("EDGELLM_LOG", "info")],
+    );
+    d.wait_log(T, |l| l.contains("serial port open"));
+    assert_eq!(
+        ask_link(dir.path(), "SET max_tokens=64"),
+        "OK max_tokens=64"
+    );
+    let ask = "GEN Write a long story about a robot who learns to paint.";
+
+    // The answer is being made when the line goes (an adapter pulled mid-answer).
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("plc"))
+            .unwrap();
+        f.write_all(format!("{ask}\r\n").as_bytes()).unwrap();
+    }
+    let until = Instant::now() + T;
+    loop {
+        let sub = subscribe(broker.port, "edgellm/sp2/status", 1, 5);
+        let v: serde_json::Value = collect(sub)
+            .first()
+            .and_then(|(_, p)| serde_json::from_str(p).ok())
+            .unwrap_or_default();
+        if v["running"].is_string() {
+            break;
+        }
+        assert!(Instant::now() < until, "never running\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = link.kill();
+    let _ = link.wait();
+    d.wait_log(T, |l| l.contains("serial port lost"));
+
+    // Back under the same path: the answer comes whole, as the first line, and is the one
+    // the same question gets on a line that stays up (greedy).
+    let mut link = socat(dir.path());
+    let plc = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("plc"))
+        .unwrap();
+    // A lost answer fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = BufReader::new(plc).read_line(&mut first);
+        let _ = tx.send(first);
+    });
+    let first = rx
+        .recv_timeout(T)
+        .unwrap_or_else(|_| panic!("no answer after the reopen\n{}", d.log_text()));
+    let log = d.log_text();
+    assert!(log.matches("serial port open").count() >= 2, "{log}");
+    assert!(first.starts_with("OK "), "{first:?}");
+    let again = ask_link(dir.path(), ask);
+    assert_eq!(first.trim_end(), again, "the answer across the cut differs");
+    assert!(again.len() > 40, "{again}");
+    let s = port_status(broker.port, "sp2");
+    assert_eq!(
+        (s["state"].as_str(), s["reopens"].as_u64()),
+        (Some("open"), Some(1)),
+        "{s}"
+    );
     d.terminate(Duration::from_secs(20));
     let _ = link.kill();
     let _ = link.wait();
