@@ -329,6 +329,17 @@ class Mqtt:
             p.wait()
         raise Failed(f"the daemon did not become idle within {timeout}s: last status {last}")
 
+    def status(self, timeout=10):
+        """The device's retained status (a dict; empty when there is none)."""
+        p = subprocess.run(
+            ["mosquitto_sub", "-V", "5", "-h", "127.0.0.1", "-p", str(self.port),
+             "-t", "edgellm/board/status", "-C", "1", "-W", str(timeout)],
+            capture_output=True, text=True, timeout=timeout + 10)
+        try:
+            return json.loads(p.stdout.strip().splitlines()[0])
+        except (ValueError, IndexError):
+            return {}
+
     def ask(self, prompt, timeout=180):
         """`edgellm ask`, as a user runs it."""
         p = subprocess.run(
@@ -443,6 +454,53 @@ def run(board, mqtt, cuts, rng):
     say(f"3. watchdog: SIGSTOP -> restarted in {time.monotonic() - t:.0f}s ({props})")
     f = mqtt.ask("Are you back?")
     check(f.get("done") and "error" not in f, f"after the watchdog restart: {f}")
+
+    # 3b. A truncated model (a flash that lost the file's tail): exit 78, which the unit does
+    # not restart (RestartPreventExitStatus=78), and the error is retained on the broker.
+    t = time.monotonic()
+    dropin = "/run/systemd/system/edgellm.service.d/truncated.conf"
+    board.console.sh(
+        f"head -c 4194304 {MODEL} > /run/edgellm-truncated.gguf && chmod 644 /run/edgellm-truncated.gguf && "
+        f"mkdir -p {os.path.dirname(dropin)} && printf '[Service]\\nExecStart=\\nExecStart=/usr/bin/edgellm serve "
+        f"--config /etc/edgellm/edgellm.toml --model /run/edgellm-truncated.gguf\\n' > {dropin} && "
+        "systemctl daemon-reload")
+    board.console.sh("systemctl restart edgellm; true", timeout=150)
+    # Twice, more than RestartSec (5 s) apart: a unit that were restarted would be
+    # activating (auto-restart) by the second look.
+    looks = []
+    for _ in range(2):
+        _, out = board.console.sh("systemctl show -p ActiveState -p SubState -p Result -p ExecMainStatus edgellm")
+        looks.append(dict(l.split("=", 1) for l in out.split() if "=" in l))
+        time.sleep(8)
+    for props in looks:
+        check(props.get("ActiveState") == "failed" and props.get("ExecMainStatus") == "78"
+              and props.get("Result") == "exit-code",
+              f"a truncated model: the unit is not failed with exit 78 and left so: {looks}")
+    status = mqtt.status()
+    err = status.get("error", "")
+    check(status.get("state") == "error" and "edgellm-truncated.gguf" in err and "end of file" in err,
+          f"a truncated model: the broker's retained status is {status}")
+    say(f"3b. truncated model: exit 78, not restarted ({looks[-1]}); retained status error: {status['error'][:120]!r}")
+
+    # 3c. A daemon that keeps crashing (SIGSEGV) is restarted 4 times, and its 6th start in
+    # 10 minutes is refused (StartLimitBurst=5): no crash loop rewriting the flash.
+    board.console.sh(f"rm {dropin} /run/edgellm-truncated.gguf && systemctl daemon-reload && "
+                     "systemctl reset-failed edgellm && systemctl start edgellm", timeout=150)
+    _, out = board.console.sh(
+        "for k in 1 2 3 4 5; do p=$(systemctl show -p MainPID --value edgellm); "
+        "systemctl kill -s SIGSEGV edgellm; "
+        "for i in $(seq 120); do s=$(systemctl is-active edgellm); q=$(systemctl show -p MainPID --value edgellm); "
+        "[ \"$s\" = active ] && [ \"$q\" != \"$p\" ] && [ \"$q\" != 0 ] && break; [ \"$s\" = failed ] && break; sleep 0.5; done; "
+        "echo \"kill $k: $(systemctl is-active edgellm)\"; done; "
+        "systemctl show -p ActiveState -p Result -p NRestarts edgellm", timeout=400)
+    props = dict(l.split("=", 1) for l in out.split() if "=" in l)
+    kills = re.findall(r"kill (\d): (\w+)", out)
+    check([s for _, s in kills] == ["active"] * 4 + ["failed"] and props.get("Result") == "start-limit-hit",
+          f"the start limit did not stop a crashing daemon at its 6th start: {out}")
+    board.console.sh("systemctl reset-failed edgellm && systemctl start edgellm", timeout=150)
+    f = mqtt.ask("Are you back again?")
+    check(f.get("done") and "error" not in f, f"after the start limit was reset: {f}")
+    say(f"3c. start limit: SIGSEGV x5 -> restarted 4 times, then {props} in {time.monotonic() - t:.0f}s (3b and 3c)")
 
     # 4. A conversation survives a reboot.
     q1 = turn("keep", [], "My name is Ada. Remember it.")
