@@ -166,6 +166,27 @@ fn turn(port: u16, text: &str) -> String {
     answer
 }
 
+/// Turns (at most `turns`, each answered) until the status names a fault of each record the
+/// daemon writes: session saves, the answer journal, the audit trail. Returns those three.
+fn record_faults(port: u16, turns: usize) -> Vec<String> {
+    let want = ["sessions: ", "journal: ", "audit: "];
+    let mut seen = Vec::new();
+    for i in 0..turns {
+        turn(port, &format!("Tell me more, part {i}."));
+        seen = faults(&status(port));
+        if want.iter().all(|w| seen.iter().any(|f| f.starts_with(w))) {
+            break;
+        }
+    }
+    want.iter()
+        .map(|w| {
+            let f = seen.iter().find(|f| f.starts_with(w));
+            f.unwrap_or_else(|| panic!("no {w}fault in the status: {seen:?}"))
+                .clone()
+        })
+        .collect()
+}
+
 /// Fills the filesystem of `file` until a write fails with ENOSPC; returns the bytes written.
 fn fill(file: &Path) -> u64 {
     use std::io::Write;
@@ -231,18 +252,7 @@ fn a_full_state_partition_costs_the_records_not_the_answers_and_clears_when_spac
     let filled = fill(&filler);
     eprintln!("filled the state partition with {filled} bytes");
     // Every write fails once the files' last pages are used up too: a few turns at most.
-    let want = ["sessions: ", "journal: ", "audit: "];
-    let mut seen = Vec::new();
-    for i in 0..12 {
-        turn(broker.port, &format!("Tell me more, part {i}."));
-        seen = faults(&status(broker.port));
-        if want.iter().all(|w| seen.iter().any(|f| f.starts_with(w))) {
-            break;
-        }
-    }
-    for w in want {
-        let f = seen.iter().find(|f| f.starts_with(w));
-        let f = f.unwrap_or_else(|| panic!("no {w}fault in the status: {seen:?}"));
+    for f in record_faults(broker.port, 12) {
         assert!(f.contains("No space left on device"), "{f}");
     }
     let s = status(broker.port);
@@ -324,18 +334,7 @@ fn a_state_partition_that_turns_read_only_costs_the_records_not_the_answers() {
 
     fail_filesystem(&ns);
     // The answers go on; each kind of record names its failure.
-    let want = ["sessions: ", "journal: ", "audit: "];
-    let mut seen = Vec::new();
-    for i in 0..6 {
-        turn(broker.port, &format!("Tell me more, part {i}."));
-        seen = faults(&status(broker.port));
-        if want.iter().all(|w| seen.iter().any(|f| f.starts_with(w))) {
-            break;
-        }
-    }
-    for w in want {
-        let f = seen.iter().find(|f| f.starts_with(w));
-        let f = f.unwrap_or_else(|| panic!("no {w}fault in the status: {seen:?}"));
+    for f in record_faults(broker.port, 6) {
         eprintln!("{f}");
         // New files: EROFS; files it holds open: EIO, as the aborted journal answers.
         assert!(

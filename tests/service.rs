@@ -52,6 +52,17 @@ fn service_with(template: Option<&str>, queue_depth: usize, per_source: usize) -
     Service::start(engine, cfg).unwrap()
 }
 
+/// A raw prompt of `text` (control tokens kept as text), answered with `max_tokens` tokens.
+fn raw(id: &str, text: &str, max_tokens: usize) -> Request {
+    let prompt = Prompt::Text {
+        text: text.into(),
+        special: false,
+    };
+    let mut r = Request::new(id, "t", prompt);
+    r.max_tokens = max_tokens;
+    r
+}
+
 fn chat(id: &str, source: &str, text: &str) -> Request {
     let mut r = Request::new(
         id,
@@ -394,16 +405,9 @@ fn a_model_without_a_chat_template_refuses_a_chat_and_answers_raw_text() {
         .submit(chat("c", "t", "x"), recorder("c", &log))
         .unwrap();
     assert_eq!(error_code(last(&log, "c")), ErrorCode::BadRequest);
-    let mut r = Request::new(
-        "r",
-        "t",
-        Prompt::Text {
-            text: "abc".into(),
-            special: false,
-        },
-    );
-    r.max_tokens = 3;
-    svc.handle().submit(r, recorder("r", &log)).unwrap();
+    svc.handle()
+        .submit(raw("r", "abc", 3), recorder("r", &log))
+        .unwrap();
     let d = done(last(&log, "r"));
     assert_eq!(d.usage.completion_tokens, 3);
 }
@@ -428,16 +432,9 @@ fn a_chat_template_that_never_ends_is_set_aside_at_start_and_raw_prompts_still_w
         }
         other => panic!("{other:?}"),
     }
-    let mut r = Request::new(
-        "r",
-        "t",
-        Prompt::Text {
-            text: "abc".into(),
-            special: false,
-        },
-    );
-    r.max_tokens = 3;
-    svc.handle().submit(r, recorder("r", &log)).unwrap();
+    svc.handle()
+        .submit(raw("r", "abc", 3), recorder("r", &log))
+        .unwrap();
     assert_eq!(done(last(&log, "r")).usage.completion_tokens, 3);
 }
 
