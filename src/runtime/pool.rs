@@ -500,11 +500,19 @@ mod tests {
         let want = vec![allowed[0]];
         let pool = Pool::pinned(3, &want).unwrap();
         let seen = Mutex::new(Vec::new());
-        // Enough chunks that both workers take some (the caller is not pinned here).
-        for _ in 0..200 {
+        // The caller (not pinned here) holds its first chunk until a worker has run one: on a
+        // loaded machine it once took all the chunks of 200 runs before a worker woke.
+        let worker_ran = std::sync::atomic::AtomicBool::new(false);
+        for _ in 0..20 {
             pool.run_chunks(12, &|tid, _| {
                 if tid != 0 {
                     seen.lock().unwrap().push(affinity_of_this_thread());
+                    worker_ran.store(true, Ordering::Release);
+                    return;
+                }
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !worker_ran.load(Ordering::Acquire) && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             });
         }
