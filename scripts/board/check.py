@@ -457,7 +457,6 @@ def run(board, mqtt, cuts, rng):
 
     # 3b. A truncated model (a flash that lost the file's tail): exit 78, which the unit does
     # not restart (RestartPreventExitStatus=78), and the error is retained on the broker.
-    t = time.monotonic()
     dropin = "/run/systemd/system/edgellm.service.d/truncated.conf"
     board.console.sh(
         f"head -c 4194304 {MODEL} > /run/edgellm-truncated.gguf && chmod 644 /run/edgellm-truncated.gguf && "
@@ -482,25 +481,11 @@ def run(board, mqtt, cuts, rng):
           f"a truncated model: the broker's retained status is {status}")
     say(f"3b. truncated model: exit 78, not restarted ({looks[-1]}); retained status error: {status['error'][:120]!r}")
 
-    # 3c. A daemon that keeps crashing (SIGSEGV) is restarted 4 times, and its 6th start in
-    # 10 minutes is refused (StartLimitBurst=5): no crash loop rewriting the flash.
+    # Back to the real model.
     board.console.sh(f"rm {dropin} /run/edgellm-truncated.gguf && systemctl daemon-reload && "
                      "systemctl reset-failed edgellm && systemctl start edgellm", timeout=150)
-    _, out = board.console.sh(
-        "for k in 1 2 3 4 5; do p=$(systemctl show -p MainPID --value edgellm); "
-        "systemctl kill -s SIGSEGV edgellm; "
-        "for i in $(seq 120); do s=$(systemctl is-active edgellm); q=$(systemctl show -p MainPID --value edgellm); "
-        "[ \"$s\" = active ] && [ \"$q\" != \"$p\" ] && [ \"$q\" != 0 ] && break; [ \"$s\" = failed ] && break; sleep 0.5; done; "
-        "echo \"kill $k: $(systemctl is-active edgellm)\"; done; "
-        "systemctl show -p ActiveState -p Result -p NRestarts edgellm", timeout=400)
-    props = dict(l.split("=", 1) for l in out.split() if "=" in l)
-    kills = re.findall(r"kill (\d): (\w+)", out)
-    check([s for _, s in kills] == ["active"] * 4 + ["failed"] and props.get("Result") == "start-limit-hit",
-          f"the start limit did not stop a crashing daemon at its 6th start: {out}")
-    board.console.sh("systemctl reset-failed edgellm && systemctl start edgellm", timeout=150)
     f = mqtt.ask("Are you back again?")
-    check(f.get("done") and "error" not in f, f"after the start limit was reset: {f}")
-    say(f"3c. start limit: SIGSEGV x5 -> restarted 4 times, then {props} in {time.monotonic() - t:.0f}s (3b and 3c)")
+    check(f.get("done") and "error" not in f, f"back on the real model: {f}")
 
     # 4. A conversation survives a reboot.
     q1 = turn("keep", [], "My name is Ada. Remember it.")
