@@ -453,8 +453,9 @@ impl SessionStore {
                 let keep = s.id.clone();
                 // The budget deletes the least recently *written* files first. A turn that adds
                 // no position (a session at its context's end) writes nothing, so its file
-                // would age while the session is in use and be deleted before idle ones (seen
-                // in the soak test): its time is brought up to date instead.
+                // would age while the session is in use and be deleted before idle ones (the
+                // likely cause of a hot session lost in the soak test): its time is brought up
+                // to date instead.
                 if kind == SaveKind::Unchanged
                     && let Some(id) = &keep
                 {
