@@ -107,9 +107,8 @@ impl ChatTemplate {
         // carries this rendering's.
         let mut env = self.env.clone();
         let n = messages.len() as u64;
-        env.set_fuel(Some(
-            FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(n)),
-        ));
+        let fuel = FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(n));
+        env.set_fuel(Some(fuel));
         let tmpl = env.get_template(NAME).map_err(template_error)?;
         let text_bytes: usize = messages
             .iter()
@@ -130,9 +129,8 @@ impl ChatTemplate {
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::OutOfFuel => {
                 return Err(TokenizerError::Template(format!(
-                    "the chat template took more than {} steps for {n} messages: it loops \
-                     far beyond what formatting a conversation needs",
-                    FUEL_BASE.saturating_add(FUEL_PER_MESSAGE.saturating_mul(n))
+                    "the chat template took more than {fuel} steps for {n} messages: it loops \
+                     far beyond what formatting a conversation needs"
                 )));
             }
             Err(_) if out.full => {
