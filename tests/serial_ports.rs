@@ -43,29 +43,49 @@ fn ask_link(dir: &Path, cmd: &str) -> String {
     line.trim_end().to_owned()
 }
 
+/// The device's retained status (null when none came within 10 s).
+fn status(broker: u16, device: &str) -> serde_json::Value {
+    let sub = subscribe(broker, &format!("edgellm/{device}/status"), 1, 10);
+    collect(sub)
+        .first()
+        .and_then(|(_, p)| serde_json::from_str(p).ok())
+        .unwrap_or_default()
+}
+
 /// The retained status's first serial port.
 fn port_status(broker: u16, device: &str) -> serde_json::Value {
-    let sub = subscribe(broker, &format!("edgellm/{device}/status"), 1, 10);
-    let got = collect(sub);
-    let v: serde_json::Value = serde_json::from_str(&got[0].1).unwrap();
+    let v = status(broker, device);
+    assert!(!v.is_null(), "no retained status of {device}");
     v["serial"][0].clone()
 }
 
-#[test]
-fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
-    let broker = Mosquitto::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut link = socat(dir.path());
+/// Held by each test that kills and restarts a `socat` link: two of them at once hung one of
+/// them (its PING after the reopen never answered; not understood yet, seen 2 runs in 6).
+static LINK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `socat`'s link in `dir` and `edgellm serve` as `device` with its `dev` end as a line-mode
+/// port at `baud`, once the port is open.
+fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Child, Daemon) {
+    let link = socat(dir);
     let m = model_arg(&common::model_path("q4_0"));
-    let dev = format!("{}:9600:line", dir.path().join("dev").display());
-    let b = format!("127.0.0.1:{}", broker.port);
-    let mut d = Daemon::start(
+    let dev = format!("{}:{baud}:line", dir.join("dev").display());
+    let b = format!("127.0.0.1:{broker}");
+    let d = Daemon::start(
         &[
-            "-m", &m, "--mqtt", &b, "--device", "sp1", "--serial", &dev, "-c", "256",
+            "-m", &m, "--mqtt", &b, "--device", device, "--serial", &dev, "-c", "256",
         ],
         &[("EDGELLM_LOG", "info")],
     );
     d.wait_log(T, |l| l.contains("serial port open"));
+    (link, d)
+}
+
+#[test]
+fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
+    let _one = LINK_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp1", 9600);
     assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
     assert_eq!(s["state"], "open", "{s}");
@@ -109,19 +129,10 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
 
 #[test]
 fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
+    let _one = LINK_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut link = socat(dir.path());
-    let m = model_arg(&common::model_path("q4_0"));
-    let dev = format!("{}:115200:line", dir.path().join("dev").display());
-    let b = format!("127.0.0.1:{}", broker.port);
-    let mut d = Daemon::start(
-        &[
-            "-m", &m, "--mqtt", &b, "--device", "sp2", "--serial", &dev, "-c", "256",
-        ],
-        &[("EDGELLM_LOG", "info")],
-    );
-    d.wait_log(T, |l| l.contains("serial port open"));
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp2", 115200);
     assert_eq!(
         ask_link(dir.path(), "SET max_tokens=64"),
         "OK max_tokens=64"
@@ -138,12 +149,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
     }
     let until = Instant::now() + T;
     loop {
-        let sub = subscribe(broker.port, "edgellm/sp2/status", 1, 5);
-        let v: serde_json::Value = collect(sub)
-            .first()
-            .and_then(|(_, p)| serde_json::from_str(p).ok())
-            .unwrap_or_default();
-        if v["running"].is_string() {
+        if status(broker.port, "sp2")["running"].is_string() {
             break;
         }
         assert!(Instant::now() < until, "never running\n{}", d.log_text());
@@ -238,11 +244,7 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     // Wait until the queue holds the load (the status counts what was accepted).
     let until = Instant::now() + T;
     loop {
-        let sub = subscribe(broker.port, "edgellm/fair/status", 1, 5);
-        let v: serde_json::Value = collect(sub)
-            .first()
-            .and_then(|(_, p)| serde_json::from_str(p).ok())
-            .unwrap_or_default();
+        let v = status(broker.port, "fair");
         if v["queue_depth"].as_u64().unwrap_or(0) >= 3 || Instant::now() > until {
             break;
         }
