@@ -54,6 +54,99 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK8_1],
 }
 
+/// Weights per Q5_0 block.
+pub const QK5_0: usize = 32;
+/// Weights per Q5_1 block.
+pub const QK5_1: usize = 32;
+/// Values per K-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+/// Bytes of the packed 6-bit scales and mins of Q4_K and Q5_K (`K_SCALE_SIZE`).
+pub const K_SCALE_SIZE: usize = 12;
+
+/// 5-bit symmetric: `x = (q - 16) * d`; the low four bits as in Q4_0, bit 4 of value `j` in
+/// bit `j` of `qh` (little-endian).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct BlockQ5_0 {
+    pub d: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_0 / 2],
+}
+
+/// 5-bit asymmetric: `x = q * d + m`, bits as in Q5_0. Pairs with Q8_1 activations.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct BlockQ5_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_1 / 2],
+}
+
+/// 4-bit K-quant: eight sub-blocks of 32 with a 6-bit scale and a 6-bit min each (packed in
+/// `scales`, see `get_scale_min_k4`), `x = d * sc * q - dmin * m`. `qs` holds 64 bytes per
+/// pair of sub-blocks: the low nibbles are the first sub-block, the high nibbles the second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ4K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// 5-bit K-quant: Q4_K with a fifth bit per value in `qh` (bit `2i` / `2i+1` of `qh[l]` for
+/// values `l` of sub-blocks `2i` / `2i+1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ5K {
+    pub d: f16,
+    pub dmin: f16,
+    pub scales: [u8; K_SCALE_SIZE],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// 6-bit K-quant: sixteen sub-blocks of 16 with an 8-bit signed scale each,
+/// `x = d * sc * (q - 32)`; low four bits in `ql`, high two in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: f16,
+}
+
+/// 8-bit activations paired with the K-quants: an f32 scale and the sums of each sixteen
+/// values, which the mins of Q4_K/Q5_K multiply. Never read from a file (alignment 4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+const _: () = assert!(std::mem::align_of::<BlockQ6K>() == 2);
+
+macro_rules! zeroed_default {
+    ($($t:ty),*) => {$(
+        impl Default for $t {
+            fn default() -> Self {
+                Self::zeroed()
+            }
+        }
+    )*};
+}
+zeroed_default!(BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K);
+
 impl Default for BlockQ8_0 {
     fn default() -> Self {
         Self::zeroed()

@@ -8,6 +8,11 @@ mod ops;
 mod packed;
 mod q4_0;
 mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
 mod q8_1;
 
@@ -15,6 +20,11 @@ pub use ops::*;
 pub use packed::*;
 pub use q4_0::*;
 pub use q4_1::*;
+pub use q4_k::*;
+pub use q5_0::*;
+pub use q5_1::*;
+pub use q5_k::*;
+pub use q6_k::*;
 pub use q8_0::*;
 pub use q8_1::*;
 
