@@ -4,6 +4,7 @@
 //! clamping), so that `edgellm quantize` produces llama.cpp's bytes. Every fast path in
 //! `portable`, `x86` and `neon` is tested against these.
 
+mod k_quants;
 mod ops;
 mod packed;
 mod q4_0;
@@ -15,7 +16,9 @@ mod q5_k;
 mod q6_k;
 mod q8_0;
 mod q8_1;
+mod q8_k;
 
+pub use k_quants::*;
 pub use ops::*;
 pub use packed::*;
 pub use q4_0::*;
@@ -27,6 +30,7 @@ pub use q5_k::*;
 pub use q6_k::*;
 pub use q8_0::*;
 pub use q8_1::*;
+pub use q8_k::*;
 
 use crate::block::BlockFormat;
 
