@@ -46,7 +46,11 @@ fn weights() -> Vec<f32> {
     }
     for i in 3328..3584 {
         let a = r.next();
-        x[i] = if (i / 32) % 2 == 1 { a * 10.0 } else { a * 1e-3 };
+        x[i] = if (i / 32) % 2 == 1 {
+            a * 10.0
+        } else {
+            a * 1e-3
+        };
     }
     for v in &mut x[3584..3840] {
         *v = (r.next() * 16.0) as i32 as f32 / 8.0;
@@ -122,8 +126,15 @@ fn check_format<B: BlockFormat>(file: &str) -> Vec<B> {
     let theirs: Vec<B> = blocks(&format!("{file}.bin"));
     let mut y = vec![0.0f32; N];
     B::dequantize_row(&theirs, &mut y);
-    for (i, (&a, &b)) in y.iter().zip(&floats(&format!("{file}.deq.bin"))).enumerate() {
-        assert!(same_bits(a, b), "{file}: dequantized value {i} is {a:e}, ggml {b:e}");
+    for (i, (&a, &b)) in y
+        .iter()
+        .zip(&floats(&format!("{file}.deq.bin")))
+        .enumerate()
+    {
+        assert!(
+            same_bits(a, b),
+            "{file}: dequantized value {i} is {a:e}, ggml {b:e}"
+        );
     }
     theirs
 }
