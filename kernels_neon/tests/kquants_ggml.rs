@@ -208,3 +208,52 @@ fn q6_k_matches_ggml() {
     let w = check_format::<BlockQ6K>("q6_k");
     check_dot(4, &w, &blocks::<BlockQ8K>("act_q8_k.bin"));
 }
+
+/// Hostile data: any bytes as blocks, and NaN/inf/huge inputs to the quantizers, give floats
+/// (finite or not) and never a panic or an overflow.
+#[test]
+fn hostile_data_does_not_panic() {
+    fn run<B: BlockFormat>(bytes: &[u8], x: &[f32]) {
+        let n = bytes.len() / std::mem::size_of::<B>();
+        let w: Vec<B> = bytes
+            .chunks_exact(std::mem::size_of::<B>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let mut y = vec![0.0f32; n * B::BLOCK_LEN];
+        B::dequantize_row(&w, &mut y);
+        let mut q = vec![B::default(); x.len() / B::BLOCK_LEN];
+        B::quantize_row_ref(x, &mut q);
+        let a_bytes: Vec<u8> = bytes.iter().rev().copied().collect();
+        let act: Vec<B::Activation> = a_bytes
+            .chunks_exact(std::mem::size_of::<B::Activation>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        let m = w.len().min(act.len());
+        let _ = B::vec_dot_ref(&w[..m], &act[..m]);
+    }
+    let mut r = Lcg(7);
+    let bytes: Vec<u8> = (0..292 * 16)
+        .map(|_| (r.next().to_bits() >> 7) as u8)
+        .collect();
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+        0.0,
+    ];
+    let x: Vec<f32> = (0..2048).map(|i| specials[(i * 7 + i / 3) % 8]).collect();
+    let mut x2 = x.clone();
+    x2.iter_mut().step_by(3).for_each(|v| *v = 1e38);
+    for x in [&x, &x2] {
+        run::<BlockQ5_0>(&bytes, x);
+        run::<BlockQ5_1>(&bytes, x);
+        run::<BlockQ4K>(&bytes, x);
+        run::<BlockQ5K>(&bytes, x);
+        run::<BlockQ6K>(&bytes, x);
+        run::<BlockQ8K>(&bytes, x);
+    }
+}

@@ -11,6 +11,14 @@
 // -ffp-contract=off: no FMA contraction, as Rust (which never contracts). -DNDEBUG: the hostile
 // segments (1e30) feed NaN to nearest_int, whose assert would abort a debug build.
 // quants.c without -march reads f16 through ggml_table_f32_f16, filled here.
+// The generator itself must be built with -ffp-contract=off too: its input row has `a * b + c`.
+//
+// Built with -march=native instead (FMA contraction, as llama.cpp's x86 builds; checked on
+// gcc 12, x86-64 with FMA/F16C/AVX2, generator still contract-off), ggml's bytes differ for
+// quantize_row_q4_K_ref and quantize_row_q5_K_ref (2 and 6 of 16 super-blocks here; the float
+// sums in make_qkx2_quants contract), and the generic vec_dot results differ in the last bits
+// for q5_1 (`d*sumi + m*s`), q4_K, q5_K and q6_K (`sums[l] += d*aux32[l]`). q5_0, q5_1, q6_K,
+// q8_K, q8_0 and q8_1 quantize to the same bytes either way, and q5_0's dot is the same.
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
