@@ -44,9 +44,9 @@ fn weights() -> Vec<f32> {
     for v in &mut x[3072..3328] {
         *v = r.next() * 1e30;
     }
-    for i in 3328..3584 {
+    for (i, v) in x.iter_mut().enumerate().take(3584).skip(3328) {
         let a = r.next();
-        x[i] = if (i / 32) % 2 == 1 {
+        *v = if (i / 32) % 2 == 1 {
             a * 10.0
         } else {
             a * 1e-3
