@@ -18,7 +18,9 @@ use crate::gguf::{
     AccessHint, GgmlType, Gguf, GgufError, GgufWriter, OpenOptions, TensorInfo, Value,
 };
 use kernels_neon::reference as r;
-use kernels_neon::{BlockQ4_0, BlockQ4_1, BlockQ8_0, f16};
+use kernels_neon::{
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, f16,
+};
 use std::borrow::Cow;
 use std::path::Path;
 use std::str::FromStr;
@@ -233,7 +235,7 @@ pub fn convert<'a>(
     let unsupported = |ty: GgmlType| GgufError::BadTensor {
         name: t.name.clone(),
         message: format!(
-            "has type {ty}, which edgellm quantize cannot convert (it reads F32, F16, BF16, Q4_0, Q4_1, Q8_0 and writes Q4_0, Q4_1, Q8_0, F16)"
+            "has type {ty}, which edgellm quantize cannot convert (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and writes Q4_0, Q4_1, Q8_0, F16)"
         ),
     };
     if t.n_elements() == 0 {
@@ -284,6 +286,11 @@ fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Option<()> {
         GgmlType::Q4_0 => r::dequantize_row_q4_0(&blocks::<BlockQ4_0>(bytes), out),
         GgmlType::Q4_1 => r::dequantize_row_q4_1(&blocks::<BlockQ4_1>(bytes), out),
         GgmlType::Q8_0 => r::dequantize_row_q8_0(&blocks::<BlockQ8_0>(bytes), out),
+        GgmlType::Q5_0 => r::dequantize_row_q5_0(&blocks::<BlockQ5_0>(bytes), out),
+        GgmlType::Q5_1 => r::dequantize_row_q5_1(&blocks::<BlockQ5_1>(bytes), out),
+        GgmlType::Q4_K => r::dequantize_row_q4_k(&blocks::<BlockQ4K>(bytes), out),
+        GgmlType::Q5_K => r::dequantize_row_q5_k(&blocks::<BlockQ5K>(bytes), out),
+        GgmlType::Q6_K => r::dequantize_row_q6_k(&blocks::<BlockQ6K>(bytes), out),
         _ => return None,
     }
     Some(())

