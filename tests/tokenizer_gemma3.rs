@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::OnceLock;
 
+use common::tokens::ids;
 use edgellm::gguf::{Gguf, OpenOptions};
 use edgellm::tokenizer::{TokenType, Tokenizer};
-use serde_json::Value;
 
 fn gemma3() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
@@ -18,18 +18,6 @@ fn gemma3() -> &'static Tokenizer {
         let gguf = Gguf::open(&path, &OpenOptions::default()).expect("open Gemma 3 GGUF");
         Tokenizer::from_gguf(&gguf).expect("Gemma 3 tokenizer")
     })
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
@@ -52,45 +40,8 @@ fn gemma3_matches_llama_cpp_ids_pieces_and_text_on_every_reference_string() {
     let r = common::read_json("gemma3/tokenize.json");
     let cases = r["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 30, "the reference file has its cases");
-    let mut failures = Vec::new();
-    for c in cases {
-        let id = c["id"].as_str().unwrap();
-        let text = c["text"].as_str().unwrap();
-        let want = ids(&c["ids"]);
-        let got = t.encode(text, false, false);
-        if got != want {
-            failures.push(format!("{id} ids: got {got:?}, want {want:?}"));
-        }
-        // add_bos_token is true: add_special puts <bos> (2) in front, nothing else changes.
-        let with_bos: Vec<u32> = std::iter::once(2).chain(want.iter().copied()).collect();
-        if t.encode(text, true, false) != with_bos {
-            failures.push(format!("{id} ids with add_special"));
-        }
-        let want_special = c.get("ids_parse_special").map_or(want.clone(), ids);
-        let got_special = t.encode(text, false, true);
-        if got_special != want_special {
-            failures.push(format!(
-                "{id} parse_special: got {got_special:?}, want {want_special:?}"
-            ));
-        }
-        let pieces: Vec<String> = want.iter().map(|&i| hex(t.token_to_piece(i))).collect();
-        let want_pieces: Vec<String> = c["pieces_hex"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_str().unwrap().to_string())
-            .collect();
-        if pieces != want_pieces {
-            failures.push(format!("{id} pieces: got {pieces:?}, want {want_pieces:?}"));
-        }
-        let detok = t.decode(&want);
-        if detok != c["detokenized"].as_str().unwrap().as_bytes() {
-            failures.push(format!(
-                "{id} detokenized: got {:?}",
-                String::from_utf8_lossy(&detok)
-            ));
-        }
-    }
+    // add_bos_token is true: add_special puts <bos> (2) in front, nothing else changes.
+    let failures = common::tokens::reference_mismatches(t, cases, Some(2));
     assert!(
         failures.is_empty(),
         "{} mismatches:\n{}",

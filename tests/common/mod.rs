@@ -10,6 +10,7 @@
 pub mod mqtt;
 pub mod recovery;
 pub mod serial;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
