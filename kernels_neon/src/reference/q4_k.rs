@@ -16,6 +16,16 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     }
 }
 
+/// The scales and offsets of sub-blocks `2p` and `2p + 1` of a Q4_K/Q5_K super-block as the
+/// dequantizers use them: `((d·sc, dmin·m), (d·sc', dmin·m'))`.
+#[inline]
+pub(crate) fn sub_block_pair(d: f32, min: f32, scales: &[u8; 12], p: usize) -> [(f32, f32); 2] {
+    [2 * p, 2 * p + 1].map(|j| {
+        let (sc, m) = get_scale_min_k4(j, scales);
+        (d * sc as f32, min * m as f32)
+    })
+}
+
 /// ggml `dequantize_row_q4_K`.
 pub fn dequantize_row_q4_k(x: &[BlockQ4K], y: &mut [f32]) {
     assert_eq!(
@@ -32,10 +42,7 @@ pub fn dequantize_row_q4_k(x: &[BlockQ4K], y: &mut [f32]) {
             .zip(yb.chunks_exact_mut(64))
             .enumerate()
         {
-            let (sc1, m1) = get_scale_min_k4(2 * p, &xb.scales);
-            let (sc2, m2) = get_scale_min_k4(2 * p + 1, &xb.scales);
-            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
-            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            let [(d1, m1), (d2, m2)] = sub_block_pair(d, min, &xb.scales, p);
             for l in 0..32 {
                 out[l] = d1 * (q[l] & 0x0f) as f32 - m1;
                 out[l + 32] = d2 * (q[l] >> 4) as f32 - m2;

@@ -1,5 +1,5 @@
-use super::q4_k::vec_dot_k_mins;
-use super::{get_scale_min_k4, quantize_k_super_block};
+use super::q4_k::{sub_block_pair, vec_dot_k_mins};
+use super::quantize_k_super_block;
 use crate::block::{BlockFormat, BlockQ5K, BlockQ8K, QK_K};
 
 /// ggml `dequantize_row_q5_K`.
@@ -18,10 +18,7 @@ pub fn dequantize_row_q5_k(x: &[BlockQ5K], y: &mut [f32]) {
             .zip(yb.chunks_exact_mut(64))
             .enumerate()
         {
-            let (sc1, m1) = get_scale_min_k4(2 * p, &xb.scales);
-            let (sc2, m2) = get_scale_min_k4(2 * p + 1, &xb.scales);
-            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
-            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            let [(d1, m1), (d2, m2)] = sub_block_pair(d, min, &xb.scales, p);
             let (u1, u2) = (1u8 << (2 * p), 2u8 << (2 * p));
             for l in 0..32 {
                 let h1 = if xb.qh[l] & u1 != 0 { 16 } else { 0 };
