@@ -34,6 +34,36 @@ pub use q8_k::*;
 
 use crate::block::BlockFormat;
 
+/// The value of largest magnitude in `x`, its sign kept (the first of equal magnitudes; 0 for
+/// an empty or all-zero block): the scale of ggml's symmetric quantizers (Q4_0, Q5_0, Q8_K),
+/// which map it to their most negative level.
+pub(crate) fn signed_absmax(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// `(min, max)` of `x` as ggml's asymmetric quantizers (Q4_1, Q5_1) find them.
+pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
 /// Checks the shapes shared by every matrix-vector product and returns the blocks per row.
 ///
 /// `w` holds `out.len()` rows of `a.len()` blocks each.

@@ -8,16 +8,7 @@ pub fn quantize_row_q4_1_ref(x: &[f32], y: &mut [BlockQ4_1]) {
         "quantize_row_q4_1_ref: length mismatch"
     );
     for (xb, yb) in x.chunks_exact(QK4_1).zip(y.iter_mut()) {
-        let mut min = f32::MAX;
-        let mut max = -f32::MAX;
-        for &v in xb {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = super::min_max(xb);
         let d = (max - min) / 15.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16::from_f32(d);

@@ -50,14 +50,7 @@ pub fn quantize_row_q5_0_ref(x: &[f32], y: &mut [BlockQ5_0]) {
         "quantize_row_q5_0_ref: length mismatch"
     );
     for (xb, yb) in x.chunks_exact(QK5_0).zip(y.iter_mut()) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in xb {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let max = super::signed_absmax(xb);
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16::from_f32(d);

@@ -26,16 +26,7 @@ pub fn quantize_row_q5_1_ref(x: &[f32], y: &mut [BlockQ5_1]) {
         "quantize_row_q5_1_ref: length mismatch"
     );
     for (xb, yb) in x.chunks_exact(QK5_1).zip(y.iter_mut()) {
-        let mut min = f32::MAX;
-        let mut max = -f32::MAX;
-        for &v in xb {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = super::min_max(xb);
         let d = (max - min) / 31.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16::from_f32(d);

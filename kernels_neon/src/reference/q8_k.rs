@@ -12,15 +12,8 @@ pub fn quantize_row_q8_k_ref(x: &[f32], y: &mut [BlockQ8K]) {
         "quantize_row_q8_k_ref: length mismatch"
     );
     for (xb, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = super::signed_absmax(xb);
+        if max == 0.0 {
             *yb = BlockQ8K::default();
             continue;
         }
