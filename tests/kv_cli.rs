@@ -318,3 +318,48 @@ fn a_session_file_in_use_by_another_process_is_refused() {
     drop(held);
     assert_eq!(run_json(&m, P1, 2, Some(&f))["session"]["saved"], true);
 }
+
+#[test]
+fn verify_checks_every_file_given_and_fails_if_any_is_faulty() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let (a, b, c) = (
+        dir.path().join("a.kv"),
+        dir.path().join("b.kv"),
+        dir.path().join("c.kv"),
+    );
+    run_json(&m, P1, 1, Some(&a));
+    run_json(&m, P2, 1, Some(&b));
+    std::fs::copy(&a, &c).unwrap();
+    let mut bad = std::fs::read(&c).unwrap();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x10;
+    std::fs::write(&c, &bad).unwrap();
+    let (a, b, c) = (
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        c.to_str().unwrap(),
+    );
+
+    let (ok, text) = kv(&["verify", a, b, "-m", &m, "--ctx", "64"]);
+    assert!(ok, "{text}");
+    assert!(text.contains(&format!("{a}: ok (")), "{text}");
+    assert!(text.contains(&format!("{b}: ok (")), "{text}");
+
+    // The faulty file in the middle: every file still gets its line, and the exit says so.
+    let (ok, text) = kv(&["verify", a, c, b, "-m", &m, "--ctx", "64"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains(&format!("{a}: ok (")), "{text}");
+    assert!(
+        text.contains(&format!("{c}: ")) && text.contains("checksum"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{b}: ok (")), "{text}");
+    assert!(text.contains("1 of 3 snapshot files are faulty"), "{text}");
+
+    // A file that is not there is a fault of its own, not the end of the check.
+    let gone = dir.path().join("gone.kv");
+    let (ok, text) = kv(&["verify", gone.to_str().unwrap(), a]);
+    assert!(!ok && text.contains(&format!("{a}: ok (")), "{text}");
+    assert!(text.contains("1 of 2 snapshot files are faulty"), "{text}");
+}

@@ -1,4 +1,5 @@
-//! `edgellm kv inspect|verify FILE`: look into a KV snapshot (`run --session-file`) and check it.
+//! `edgellm kv inspect FILE` / `edgellm kv verify FILE...`: look into a KV snapshot
+//! (`run --session-file`) and check snapshots.
 
 use super::CliResult;
 use edgellm::kv::snapshot::{Geometry, KvError, Parsed, hex};
@@ -12,9 +13,11 @@ use std::path::{Path, PathBuf};
 Examples:
   edgellm kv inspect session.kv
   edgellm kv verify session.kv -m smollm2-135m-q4_0.gguf --ctx 2048
+  edgellm kv verify /var/lib/edgellm/sessions/*.kv -m model.gguf
 
-verify exits with status 1 and prints the reason (section and offset) on any fault: a bad
-header, checksum or length, a torn last record, another model, context or cache type.")]
+verify prints one line per file, \"FILE: ok (...)\" or \"FILE: \" and the fault (section and
+offset): a bad header, checksum or length, a torn last record, another model, context or
+cache type. It checks every file given and exits with status 1 if any of them is faulty.")]
 pub struct Args {
     #[command(subcommand)]
     command: Command,
@@ -23,15 +26,30 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// Print the header, the records and the sizes of a snapshot.
-    Inspect(FileArgs),
+    Inspect(InspectArgs),
     /// Check every checksum and length (and the model, with -m); exit 1 on any fault.
-    Verify(FileArgs),
+    Verify(VerifyArgs),
 }
 
 #[derive(clap::Args)]
-struct FileArgs {
+struct InspectArgs {
     /// The snapshot file.
     file: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+#[derive(clap::Args)]
+struct VerifyArgs {
+    /// The snapshot files (the model, with -m, is loaded once for all of them).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
     /// Check that the snapshot belongs to this model (.gguf).
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
@@ -50,18 +68,20 @@ pub fn run(a: Args) -> CliResult {
     }
 }
 
-/// The geometry `f` asks for: the model's, with the file's context and type unless given.
-fn wanted(f: &FileArgs, file_g: &Geometry) -> Result<Option<Geometry>, String> {
-    let Some(path) = &f.model else {
-        return Ok(None);
-    };
-    let model = Model::load(path, &LoadOptions::default()).map_err(|e| e.to_string())?;
-    let ctx = f.ctx.unwrap_or(file_g.n_ctx as usize);
-    Ok(Some(Geometry::of(
-        &model,
-        ctx,
-        f.kv_type.unwrap_or(file_g.dtype),
-    )))
+impl ModelArgs {
+    /// The model of `-m`, loaded (once: on a board a load is seconds of work).
+    fn load(&self) -> Result<Option<Model>, String> {
+        self.model
+            .as_ref()
+            .map(|path| Model::load(path, &LoadOptions::default()).map_err(|e| e.to_string()))
+            .transpose()
+    }
+
+    /// The geometry asked for: the model's, with the file's context and type unless given.
+    fn wanted(&self, model: &Model, file_g: &Geometry) -> Geometry {
+        let ctx = self.ctx.unwrap_or(file_g.n_ctx as usize);
+        Geometry::of(model, ctx, self.kv_type.unwrap_or(file_g.dtype))
+    }
 }
 
 fn read(path: &Path) -> Result<(u64, Parsed), String> {
@@ -73,7 +93,7 @@ fn read(path: &Path) -> Result<(u64, Parsed), String> {
     Ok((bytes.len() as u64, parsed))
 }
 
-fn inspect(f: &FileArgs) -> CliResult {
+fn inspect(f: &InspectArgs) -> CliResult {
     let (size, p) = read(&f.file)?;
     let g = &p.geometry;
     println!("file:         {}", f.file.display());
@@ -98,37 +118,51 @@ fn inspect(f: &FileArgs) -> CliResult {
     if let Some(t) = &p.torn {
         println!("torn tail:    {t}");
     }
-    if let Some(want) = wanted(f, g)? {
-        match g.check_matches(&want) {
-            Ok(()) => println!(
-                "model:        matches {}",
-                f.model.as_ref().unwrap().display()
-            ),
+    if let (Some(model), Some(path)) = (f.model.load()?, &f.model.model) {
+        match g.check_matches(&f.model.wanted(&model, g)) {
+            Ok(()) => println!("model:        matches {}", path.display()),
             Err(e) => println!("model:        does not match: {e}"),
         }
     }
     Ok(())
 }
 
-fn verify(f: &FileArgs) -> CliResult {
-    let (_, p) = read(&f.file)?;
-    let name = f.file.display();
+fn verify(f: &VerifyArgs) -> CliResult {
+    let model = f.model.load()?;
+    let mut faulty = 0;
+    for path in &f.files {
+        match verify_one(path, &f.model, model.as_ref()) {
+            Ok(summary) => println!("{}: ok ({summary})", path.display()),
+            Err(why) => {
+                faulty += 1;
+                println!("{why}");
+            }
+        }
+    }
+    match faulty {
+        0 => Ok(()),
+        n => Err(format!("{n} of {} snapshot files are faulty (above)", f.files.len()).into()),
+    }
+}
+
+/// One file's verdict: its summary, or the fault (the file's name first).
+fn verify_one(path: &Path, m: &ModelArgs, model: Option<&Model>) -> Result<String, String> {
+    let (_, p) = read(path)?;
+    let name = path.display();
     if let Some(t) = &p.torn {
         return Err(format!(
             "{name}: {t} (a load recovers the first {} tokens)",
             p.tokens.len()
-        )
-        .into());
+        ));
     }
-    if let Some(want) = wanted(f, &p.geometry)? {
+    if let Some(model) = model {
         p.geometry
-            .check_matches(&want)
+            .check_matches(&m.wanted(model, &p.geometry))
             .map_err(|e| format!("{name}: {e}"))?;
     }
-    println!(
-        "{name}: ok ({} tokens in {} records)",
+    Ok(format!(
+        "{} tokens in {} records",
         p.tokens.len(),
         p.records.len()
-    );
-    Ok(())
+    ))
 }
