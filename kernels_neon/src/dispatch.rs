@@ -6,13 +6,13 @@
 //! device; asking for one this CPU cannot run is an error, not a silent fallback.
 
 use crate::block::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
-    PackedFormat, f16,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, BlockQ8K, PackedFormat, f16,
 };
 use crate::reference as r;
 use std::fmt;
 
-/// `quantize_row_*`: `x.len() == y.len() * 32`.
+/// `quantize_row_*`: `x.len() == y.len() * B::BLOCK_LEN` (32, or 256 for Q8_K).
 pub type QuantizeFn<B> = fn(&[f32], &mut [B]);
 /// `vec_dot_*`: `x.len() == y.len()` blocks.
 pub type VecDotFn<W, A> = fn(&[W], &[A]) -> f32;
@@ -262,6 +262,10 @@ pub struct Kernels {
     /// engine then packs its weight matrices at load (see [`PackedKernels`]).
     pub packed: Option<PackedKernels>,
 
+    /// The formats of the files people download (Q4_K_M, Q5_K_M: Gemma 3's mixes Q5_0, Q4_K,
+    /// Q6_K and Q8_0), in [`MoreFormats`].
+    pub more: MoreFormats,
+
     /// `(x, w, eps, out)`: RMSNorm times the norm weight.
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
@@ -290,6 +294,53 @@ pub struct Kernels {
     pub f16_to_f32_row: fn(&[f16], &mut [f32]),
     pub f32_to_f16_row: fn(&[f32], &mut [f16]),
 }
+
+/// The products of Q5_0, Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K against Q8_K activations,
+/// 256 values a block), and the Q8_K activation quantizer. A table of its own, so that a path
+/// that has no fast version of them yet says so in one line ([`MORE_REFERENCE`]).
+#[derive(Clone, Copy)]
+pub struct MoreFormats {
+    pub quantize_row_q8_k: QuantizeFn<BlockQ8K>,
+
+    pub vec_dot_q5_0_q8_0: VecDotFn<BlockQ5_0, BlockQ8_0>,
+    pub vec_dot_q5_1_q8_1: VecDotFn<BlockQ5_1, BlockQ8_1>,
+    pub vec_dot_q4_k_q8_k: VecDotFn<BlockQ4K, BlockQ8K>,
+    pub vec_dot_q5_k_q8_k: VecDotFn<BlockQ5K, BlockQ8K>,
+    pub vec_dot_q6_k_q8_k: VecDotFn<BlockQ6K, BlockQ8K>,
+
+    pub matvec_q5_0_q8_0: MatVecFn<BlockQ5_0, BlockQ8_0>,
+    pub matvec_q5_1_q8_1: MatVecFn<BlockQ5_1, BlockQ8_1>,
+    pub matvec_q4_k_q8_k: MatVecFn<BlockQ4K, BlockQ8K>,
+    pub matvec_q5_k_q8_k: MatVecFn<BlockQ5K, BlockQ8K>,
+    pub matvec_q6_k_q8_k: MatVecFn<BlockQ6K, BlockQ8K>,
+
+    pub matmul_q5_0_q8_0: MatMulFn<BlockQ5_0, BlockQ8_0>,
+    pub matmul_q5_1_q8_1: MatMulFn<BlockQ5_1, BlockQ8_1>,
+    pub matmul_q4_k_q8_k: MatMulFn<BlockQ4K, BlockQ8K>,
+    pub matmul_q5_k_q8_k: MatMulFn<BlockQ5K, BlockQ8K>,
+    pub matmul_q6_k_q8_k: MatMulFn<BlockQ6K, BlockQ8K>,
+}
+
+/// The scalar references of [`MoreFormats`]: the table of every path for now (no path has
+/// fast versions of these yet; the engine runs them correctly, slowly).
+pub const MORE_REFERENCE: MoreFormats = MoreFormats {
+    quantize_row_q8_k: r::quantize_row_q8_k_ref,
+    vec_dot_q5_0_q8_0: r::vec_dot_q5_0_q8_0_ref,
+    vec_dot_q5_1_q8_1: r::vec_dot_q5_1_q8_1_ref,
+    vec_dot_q4_k_q8_k: r::vec_dot_q4_k_q8_k_ref,
+    vec_dot_q5_k_q8_k: r::vec_dot_q5_k_q8_k_ref,
+    vec_dot_q6_k_q8_k: r::vec_dot_q6_k_q8_k_ref,
+    matvec_q5_0_q8_0: r::matvec_ref::<BlockQ5_0>,
+    matvec_q5_1_q8_1: r::matvec_ref::<BlockQ5_1>,
+    matvec_q4_k_q8_k: r::matvec_ref::<BlockQ4K>,
+    matvec_q5_k_q8_k: r::matvec_ref::<BlockQ5K>,
+    matvec_q6_k_q8_k: r::matvec_ref::<BlockQ6K>,
+    matmul_q5_0_q8_0: r::matmul_ref::<BlockQ5_0>,
+    matmul_q5_1_q8_1: r::matmul_ref::<BlockQ5_1>,
+    matmul_q4_k_q8_k: r::matmul_ref::<BlockQ4K>,
+    matmul_q5_k_q8_k: r::matmul_ref::<BlockQ5K>,
+    matmul_q6_k_q8_k: r::matmul_ref::<BlockQ6K>,
+};
 
 /// Products over packed weights ([`PackedFormat`]): `w` holds `out.len() / n_tok / 8` groups
 /// of `nb` blocks, `out` is `[row][tok]` as for the unpacked products, and every result is the
@@ -362,6 +413,7 @@ pub const REFERENCE: Kernels = Kernels {
     matmul_q4_1_q8_1: r::matmul_ref::<BlockQ4_1>,
     matmul_q8_0_q8_0: r::matmul_ref::<BlockQ8_0>,
     packed: None,
+    more: MORE_REFERENCE,
     rms_norm: r::rms_norm_ref,
     softmax: r::softmax_ref,
     silu_mul: r::silu_mul_ref,
@@ -464,4 +516,64 @@ weight_format!(
     vec_dot_q8_0_q8_0,
     matvec_q8_0_q8_0,
     matmul_q8_0_q8_0
+);
+
+macro_rules! more_weight_format {
+    ($w:ty, $q:ident, $dot:ident, $mv:ident, $mm:ident) => {
+        impl WeightFormat for $w {
+            fn quantize_activation(k: &Kernels) -> QuantizeFn<Self::Activation> {
+                more_weight_format!(@act k, $q)
+            }
+            fn vec_dot(k: &Kernels) -> VecDotFn<Self, Self::Activation> {
+                k.more.$dot
+            }
+            fn matvec(k: &Kernels) -> MatVecFn<Self, Self::Activation> {
+                k.more.$mv
+            }
+            fn matmul(k: &Kernels) -> MatMulFn<Self, Self::Activation> {
+                k.more.$mm
+            }
+        }
+    };
+    (@act $k:ident, quantize_row_q8_k) => {
+        $k.more.quantize_row_q8_k
+    };
+    (@act $k:ident, $q:ident) => {
+        $k.$q
+    };
+}
+more_weight_format!(
+    BlockQ5_0,
+    quantize_row_q8_0,
+    vec_dot_q5_0_q8_0,
+    matvec_q5_0_q8_0,
+    matmul_q5_0_q8_0
+);
+more_weight_format!(
+    BlockQ5_1,
+    quantize_row_q8_1,
+    vec_dot_q5_1_q8_1,
+    matvec_q5_1_q8_1,
+    matmul_q5_1_q8_1
+);
+more_weight_format!(
+    BlockQ4K,
+    quantize_row_q8_k,
+    vec_dot_q4_k_q8_k,
+    matvec_q4_k_q8_k,
+    matmul_q4_k_q8_k
+);
+more_weight_format!(
+    BlockQ5K,
+    quantize_row_q8_k,
+    vec_dot_q5_k_q8_k,
+    matvec_q5_k_q8_k,
+    matmul_q5_k_q8_k
+);
+more_weight_format!(
+    BlockQ6K,
+    quantize_row_q8_k,
+    vec_dot_q6_k_q8_k,
+    matvec_q6_k_q8_k,
+    matmul_q6_k_q8_k
 );

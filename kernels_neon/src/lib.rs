@@ -27,5 +27,6 @@ mod x86;
 
 pub use block::*;
 pub use dispatch::{
-    KernelError, Kernels, PackedKernels, PackedWeightFormat, Path, WeightFormat, cpu_features,
+    KernelError, Kernels, MoreFormats, PackedKernels, PackedWeightFormat, Path, WeightFormat,
+    cpu_features,
 };

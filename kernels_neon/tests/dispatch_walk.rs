@@ -35,6 +35,12 @@ fn abs_dot<W: BlockFormat>(w: &[W], a: &[W::Activation]) -> f32 {
     x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum::<f32>() + 1e-30
 }
 
+/// Blocks of `W` for a case written in blocks of 32: as many values, rounded up, for the
+/// superblocks of 256 (the K-quants' quantizers are slow enough to make the walk minutes).
+fn blocks_of<W: BlockFormat>(nb32: usize) -> usize {
+    (nb32 * 32).div_ceil(W::BLOCK_LEN)
+}
+
 fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(
     path: Path,
     name: &str,
@@ -58,8 +64,10 @@ fn check_quantizer<B: BlockFormat + PartialEq + std::fmt::Debug>(
 
 fn check_vec_dot<W: BlockFormat>(path: Path, name: &str, fast: fn(&[W], &[W::Activation]) -> f32) {
     for &nb in &BLOCK_COUNTS {
-        let w: Vec<W> = quant(&awkward(nb * 32, 7 + nb as u64));
-        let a: Vec<W::Activation> = quant(&f32_vec(nb * 32, 11 + nb as u64, 1.0));
+        let nb = blocks_of::<W>(nb);
+        let n = nb * W::BLOCK_LEN;
+        let w: Vec<W> = quant(&awkward(n, 7 + nb as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(n, 11 + nb as u64, 1.0));
         let want = W::vec_dot_ref(&w, &a);
         let got = fast(&w, &a);
         let tol = DOT_REL * nb as f32 * abs_dot(&w, &a);
@@ -92,8 +100,10 @@ fn check_matvec<W: WeightFormat>(
     fast: dispatch::MatVecFn<W, W::Activation>,
 ) {
     for (rows, nb) in matvec_shapes() {
-        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 31 + nb) as u64));
-        let a: Vec<W::Activation> = quant(&f32_vec(nb * 32, nb as u64, 1.0));
+        let nb = blocks_of::<W>(nb);
+        let n = nb * W::BLOCK_LEN;
+        let w: Vec<W> = quant(&awkward(rows * n, (rows * 31 + nb) as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(n, nb as u64, 1.0));
         let mut want = vec![0.0; rows];
         r::matvec_ref(&w, &a, &mut want);
         let mut got = vec![f32::NAN; rows];
@@ -125,8 +135,10 @@ fn check_matmul<W: WeightFormat>(
         (64, 48, 16),
         (576, 18, 33),
     ] {
-        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows + nb * 7) as u64));
-        let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (n_tok * 3 + nb) as u64, 1.0));
+        let nb = blocks_of::<W>(nb);
+        let n = nb * W::BLOCK_LEN;
+        let w: Vec<W> = quant(&awkward(rows * n, (rows + nb * 7) as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(n_tok * n, (n_tok * 3 + nb) as u64, 1.0));
         let mut got = vec![f32::NAN; rows * n_tok];
         fast(&w, &a, n_tok, &mut got);
         assert_matmul_close(&format!("{path}/{name}"), &w, &a, n_tok, &got);
@@ -158,6 +170,48 @@ fn assert_matmul_close<W: BlockFormat>(
             );
         }
     }
+}
+
+/// The Q5_0, Q5_1 and K-quant products and the Q8_K quantizer of a path's table.
+fn check_more_formats(p: Path, m: &MoreFormats) {
+    // No `..`: a kernel added to `MoreFormats` breaks this line until it is checked below.
+    let MoreFormats {
+        quantize_row_q8_k,
+        vec_dot_q5_0_q8_0,
+        vec_dot_q5_1_q8_1,
+        vec_dot_q4_k_q8_k,
+        vec_dot_q5_k_q8_k,
+        vec_dot_q6_k_q8_k,
+        matvec_q5_0_q8_0,
+        matvec_q5_1_q8_1,
+        matvec_q4_k_q8_k,
+        matvec_q5_k_q8_k,
+        matvec_q6_k_q8_k,
+        matmul_q5_0_q8_0,
+        matmul_q5_1_q8_1,
+        matmul_q4_k_q8_k,
+        matmul_q5_k_q8_k,
+        matmul_q6_k_q8_k,
+    } = *m;
+    check_quantizer::<BlockQ8K>(p, "quantize_row_q8_k", quantize_row_q8_k);
+
+    check_vec_dot::<BlockQ5_0>(p, "vec_dot_q5_0_q8_0", vec_dot_q5_0_q8_0);
+    check_vec_dot::<BlockQ5_1>(p, "vec_dot_q5_1_q8_1", vec_dot_q5_1_q8_1);
+    check_vec_dot::<BlockQ4K>(p, "vec_dot_q4_k_q8_k", vec_dot_q4_k_q8_k);
+    check_vec_dot::<BlockQ5K>(p, "vec_dot_q5_k_q8_k", vec_dot_q5_k_q8_k);
+    check_vec_dot::<BlockQ6K>(p, "vec_dot_q6_k_q8_k", vec_dot_q6_k_q8_k);
+
+    check_matvec::<BlockQ5_0>(p, "matvec_q5_0_q8_0", matvec_q5_0_q8_0);
+    check_matvec::<BlockQ5_1>(p, "matvec_q5_1_q8_1", matvec_q5_1_q8_1);
+    check_matvec::<BlockQ4K>(p, "matvec_q4_k_q8_k", matvec_q4_k_q8_k);
+    check_matvec::<BlockQ5K>(p, "matvec_q5_k_q8_k", matvec_q5_k_q8_k);
+    check_matvec::<BlockQ6K>(p, "matvec_q6_k_q8_k", matvec_q6_k_q8_k);
+
+    check_matmul::<BlockQ5_0>(p, "matmul_q5_0_q8_0", matmul_q5_0_q8_0);
+    check_matmul::<BlockQ5_1>(p, "matmul_q5_1_q8_1", matmul_q5_1_q8_1);
+    check_matmul::<BlockQ4K>(p, "matmul_q4_k_q8_k", matmul_q4_k_q8_k);
+    check_matmul::<BlockQ5K>(p, "matmul_q5_k_q8_k", matmul_q5_k_q8_k);
+    check_matmul::<BlockQ6K>(p, "matmul_q6_k_q8_k", matmul_q6_k_q8_k);
 }
 
 /// The packed products against the reference, with the matrix products' tolerance (their
@@ -257,6 +311,7 @@ fn check_kernels(k: &Kernels) {
         matmul_q4_1_q8_1,
         matmul_q8_0_q8_0,
         packed,
+        more,
         rms_norm,
         softmax,
         silu_mul,
@@ -293,6 +348,7 @@ fn check_kernels(k: &Kernels) {
     if let Some(pk) = packed {
         check_packed_kernels(p, &pk);
     }
+    check_more_formats(p, &more);
 
     for &n in &LENS {
         let x = f32_vec(n, n as u64 + 1, 2.0);
@@ -621,20 +677,41 @@ fn dot64(x: impl IntoIterator<Item = f32>, y: impl IntoIterator<Item = f32>) -> 
 fn check_reference_products<W: WeightFormat>() {
     let k = &REFERENCE;
     let (dot, mv, mm) = (W::vec_dot(k), W::matvec(k), W::matmul(k));
-    for (rows, nb, n_tok) in [(1, 1, 1), (3, 2, 2), (5, 7, 3), (9, 48, 4), (2, 1536, 1)] {
-        let w: Vec<W> = quant(&awkward(rows * nb * 32, (rows * 5 + nb) as u64));
-        let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * 32, (nb + n_tok) as u64, 1.0));
+    let bl = W::BLOCK_LEN;
+    // Superblocks of 256 hold 8 or 16 blocks' worth of accumulated sums each.
+    let sums_per_block = bl / 32;
+    // Q4_K and Q5_K subtract a sub-block minimum from scaled levels: the two parts may each be
+    // larger than their difference (the value), so their rounding is bounded by the row's
+    // largest value instead (a level times its scale, and the minimum, are each within about
+    // twice that of a value the quantizer made).
+    let with_min = matches!(W::NAME, "q4_k" | "q5_k");
+    for (rows, nb, n_tok) in [
+        (1, 1, 1),
+        (3, 2, 2),
+        (5, 7, 3),
+        (9, 48, 4),
+        (2, 1536usize, 1),
+    ] {
+        let nb = blocks_of::<W>(nb);
+        let w: Vec<W> = quant(&awkward(rows * nb * bl, (rows * 5 + nb) as u64));
+        let a: Vec<W::Activation> = quant(&f32_vec(n_tok * nb * bl, (nb + n_tok) as u64, 1.0));
         let (wf, af) = (dequant(&w), dequant(&a));
         let (mut got_mv, mut got_mm) = (vec![f32::NAN; rows], vec![f32::NAN; rows * n_tok]);
         mv(&w, &a[..nb], &mut got_mv);
         mm(&w, &a, n_tok, &mut got_mm);
         for r in 0..rows {
-            let wr = &wf[r * nb * 32..][..nb * 32];
+            let wr = &wf[r * nb * bl..][..nb * bl];
             for t in 0..n_tok {
-                let at = &af[t * nb * 32..][..nb * 32];
+                let at = &af[t * nb * bl..][..nb * bl];
                 let (want, abs) = dot64(wr.iter().copied(), at.iter().copied());
-                let mut tol = DOT_REL as f64 * (nb + 2) as f64 * abs + 1e-30;
-                if W::NAME == "q4_1" {
+                let abs = if with_min {
+                    let wmax = wr.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs()));
+                    abs + 4.0 * wmax * at.iter().map(|&y| (y as f64).abs()).sum::<f64>()
+                } else {
+                    abs
+                };
+                let mut tol = DOT_REL as f64 * (nb * sums_per_block + 2) as f64 * abs + 1e-30;
+                if W::NAME == "q4_1" || W::NAME == "q5_1" {
                     for (wb, ab) in wr.chunks_exact(32).zip(at.chunks_exact(32)) {
                         let m = wb.iter().fold(f32::MAX, |m, &x| m.min(x)) as f64;
                         let s: f64 = ab.iter().map(|&x| x as f64).sum();
@@ -674,6 +751,43 @@ fn check_reference_quantizer<B: BlockFormat>(name: &str, fast: fn(&[f32], &mut [
     }
 }
 
+/// Q8_K (256 values, an f32 scale, the sums of each 16): the block's value of largest
+/// magnitude is level -127, so every value comes back within half a step `|d| = amax / 127`;
+/// `bsums` are the exact sums of the levels.
+fn check_reference_q8_k(fast: fn(&[f32], &mut [BlockQ8K])) {
+    for nb in [1, 2, 5] {
+        let x = awkward(nb * 256, nb as u64 + 91);
+        let mut q = vec![BlockQ8K::default(); nb];
+        fast(&x, &mut q);
+        for (b, (blk, xb)) in q.iter().zip(x.chunks_exact(256)).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs())) as f64;
+            let step = blk.d.abs() as f64;
+            assert_near(
+                &format!("reference/q8_k d nb={nb} block {b}"),
+                blk.d.abs(),
+                amax / 127.0,
+                amax * 1e-6,
+            );
+            for (i, (&xi, &qi)) in xb.iter().zip(&blk.qs).enumerate() {
+                let what = format!("reference/q8_k nb={nb} block {b} [{i}]");
+                assert_near(
+                    &what,
+                    blk.d * qi as f32,
+                    xi as f64,
+                    step * (0.5 + 1e-6) + 1e-30,
+                );
+            }
+            for (j, &s) in blk.bsums.iter().enumerate() {
+                let want: i32 = blk.qs[j * 16..][..16].iter().map(|&v| v as i32).sum();
+                assert_eq!(
+                    s as i32, want,
+                    "reference/q8_k nb={nb} block {b} bsums[{j}]"
+                );
+            }
+        }
+    }
+}
+
 /// The reference's f32 and f16 operations against the same formulas kept in f64.
 fn check_reference_ops(k: &Kernels) {
     // No `..`, as in `check_kernels`: a kernel added to `Kernels` needs a check here too.
@@ -691,6 +805,7 @@ fn check_reference_ops(k: &Kernels) {
         matmul_q4_1_q8_1: _,
         matmul_q8_0_q8_0: _,
         packed,
+        more,
         rms_norm,
         softmax,
         silu_mul,
@@ -710,6 +825,7 @@ fn check_reference_ops(k: &Kernels) {
     // The products (the `_` fields above) are `check_reference_products`'.
     assert_eq!(path, Path::Reference);
     assert!(packed.is_none(), "the reference has no packed products");
+    check_reference_q8_k(more.quantize_row_q8_k);
     check_reference_quantizer::<BlockQ8_0>("quantize_row_q8_0", quantize_row_q8_0);
     check_reference_quantizer::<BlockQ8_1>("quantize_row_q8_1", quantize_row_q8_1);
     // Q8_1's `s` is `d sum(q)` (with the f32 `d`; the f16 one differs by half an f16 ulp),
@@ -900,6 +1016,11 @@ fn the_reference_matches_plain_f64_sums() {
     check_reference_products::<BlockQ4_0>();
     check_reference_products::<BlockQ4_1>();
     check_reference_products::<BlockQ8_0>();
+    check_reference_products::<BlockQ5_0>();
+    check_reference_products::<BlockQ5_1>();
+    check_reference_products::<BlockQ4K>();
+    check_reference_products::<BlockQ5K>();
+    check_reference_products::<BlockQ6K>();
     check_reference_ops(&REFERENCE);
 }
 

@@ -32,6 +32,8 @@ pub(crate) const TABLE: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
+    // Not yet faster than the references (#18).
+    more: crate::dispatch::MORE_REFERENCE,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
