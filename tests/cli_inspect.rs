@@ -183,9 +183,9 @@ fn inspect_reports_unrunnable_types() {
     w.set_str("general.architecture", "llama");
     w.add_tensor(
         "blk.0.ffn_up.weight",
-        GgmlType::Q6_K,
+        GgmlType::Q3_K,
         &[256, 2],
-        vec![0; 420],
+        vec![0; 220],
     )
     .unwrap();
     let p = dir.path().join("k.gguf");
@@ -193,10 +193,10 @@ fn inspect_reports_unrunnable_types() {
     let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
-    assert!(s.contains("Q6_K         1 tensor"), "{s}");
+    assert!(s.contains("Q3_K         1 tensor"), "{s}");
     assert!(
         s.contains("runnable:      no:")
-            && s.contains("'blk.0.ffn_up.weight' has type Q6_K")
+            && s.contains("'blk.0.ffn_up.weight' has type Q3_K")
             && s.contains("edgellm quantize"),
         "{s}"
     );

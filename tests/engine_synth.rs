@@ -46,6 +46,22 @@ fn specs() -> Vec<SynthSpec> {
             ..Default::default()
         });
     }
+    // The formats of Q4_K_M and Q5_K_M files: 256-value superblocks need wider rows.
+    for ty in [
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        v.push(SynthSpec {
+            weight_type: ty,
+            n_embd: 256,
+            n_ff: 512,
+            seed: 13,
+            ..Default::default()
+        });
+    }
     v.push(SynthSpec {
         tied: false,
         seed: 5,

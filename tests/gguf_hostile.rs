@@ -466,9 +466,9 @@ fn unsupported_types_parse_but_cannot_be_viewed() {
     w.set_str("general.architecture", "llama");
     w.add_tensor(
         "blk.3.ffn_up.weight",
-        GgmlType::Q4_K,
+        GgmlType::Q2_K,
         &[256, 2],
-        vec![0; 288],
+        vec![0; 168],
     )
     .unwrap();
     w.add_tensor(
@@ -479,14 +479,14 @@ fn unsupported_types_parse_but_cannot_be_viewed() {
     )
     .unwrap();
     let g = Gguf::from_bytes("kquant.gguf", w.to_bytes().unwrap()).unwrap();
-    assert_eq!(g.tensor_info("blk.3.ffn_up.weight").unwrap().size, 288);
+    assert_eq!(g.tensor_info("blk.3.ffn_up.weight").unwrap().size, 168);
     let e = g
         .tensor_view("blk.3.ffn_up.weight")
         .unwrap_err()
         .to_string();
     assert!(
         e.starts_with(
-            "kquant.gguf: tensor 'blk.3.ffn_up.weight' has type Q4_K, which edgellm cannot run"
+            "kquant.gguf: tensor 'blk.3.ffn_up.weight' has type Q2_K, which edgellm cannot run"
         ),
         "{e}"
     );
@@ -497,7 +497,7 @@ fn unsupported_types_parse_but_cannot_be_viewed() {
         .to_string();
     assert!(e.contains("type IQ2_XS"), "{e}");
     let e = g.check_all_runnable().unwrap_err().to_string();
-    assert!(e.contains("'blk.3.ffn_up.weight' has type Q4_K"), "{e}");
+    assert!(e.contains("'blk.3.ffn_up.weight' has type Q2_K"), "{e}");
     let e = g.tensor::<f32>("missing").unwrap_err().to_string();
     assert_eq!(e, "kquant.gguf: tensor 'missing' not found");
 }

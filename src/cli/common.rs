@@ -13,7 +13,7 @@ use std::time::Instant;
 /// ([`NoThreads`], `inspect`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs<T: clap::Args = Threads> {
-    /// Model file (.gguf: Q4_0, Q4_1, Q8_0, F16 or F32 weights).
+    /// Model file (.gguf: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 or F32 weights).
     #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
     pub model: PathBuf,
     #[command(flatten)]

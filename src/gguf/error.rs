@@ -79,9 +79,9 @@ pub enum GgufError {
     #[error("tensor '{name}' has unknown ggml type id {id}")]
     UnknownType { name: String, id: u32 },
 
-    /// A known ggml type that edgellm's kernels cannot run (K-quants, IQ…).
+    /// A known ggml type that edgellm's kernels cannot run (Q2_K, Q3_K, IQ…, BF16).
     #[error(
-        "tensor '{name}' has type {ty}, which edgellm cannot run (supported: F32, F16, Q4_0, Q4_1, Q8_0); \
+        "tensor '{name}' has type {ty}, which edgellm cannot run (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); \
          convert the model with `edgellm quantize IN OUT q4_0` (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K) \
          or with llama.cpp's `llama-quantize --allow-requantize IN OUT Q4_0`"
     )]

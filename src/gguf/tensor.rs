@@ -1,7 +1,10 @@
 //! Tensor infos, ggml types and typed zero-copy views of tensor data.
 
 use super::error::{GgufError, Result};
-use kernels_neon::{BlockQ4_0, BlockQ4_1, BlockQ8_0, f16};
+use kernels_neon::{
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, f16,
+};
 
 /// Most dimensions a GGUF tensor may have (`GGML_MAX_DIMS`).
 pub const MAX_DIMS: usize = 4;
@@ -82,11 +85,21 @@ impl GgmlType {
         self as u32
     }
 
-    /// Whether edgellm's kernels run this type (F32, F16, Q4_0, Q4_1, Q8_0).
+    /// Whether edgellm's kernels run this type (F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    /// Q5_K, Q6_K: the formats of the Q4_K_M and Q5_K_M files people download).
     pub fn is_supported(self) -> bool {
         matches!(
             self,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0
+            GgmlType::F32
+                | GgmlType::F16
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
     }
 
@@ -161,7 +174,10 @@ macro_rules! element {
         }
     )*};
 }
-element!(f32 => F32, f16 => F16, BlockQ4_0 => Q4_0, BlockQ4_1 => Q4_1, BlockQ8_0 => Q8_0);
+element!(
+    f32 => F32, f16 => F16, BlockQ4_0 => Q4_0, BlockQ4_1 => Q4_1, BlockQ8_0 => Q8_0,
+    BlockQ5_0 => Q5_0, BlockQ5_1 => Q5_1, BlockQ4K => Q4_K, BlockQ5K => Q5_K, BlockQ6K => Q6_K
+);
 
 /// Views `bytes` (the data of tensor `info`) as `&[T]` after checking type, length and
 /// alignment.
@@ -206,6 +222,11 @@ pub enum TensorView<'a> {
     Q4_0(&'a [BlockQ4_0]),
     Q4_1(&'a [BlockQ4_1]),
     Q8_0(&'a [BlockQ8_0]),
+    Q5_0(&'a [BlockQ5_0]),
+    Q5_1(&'a [BlockQ5_1]),
+    Q4K(&'a [BlockQ4K]),
+    Q5K(&'a [BlockQ5K]),
+    Q6K(&'a [BlockQ6K]),
 }
 
 impl<'a> TensorView<'a> {
@@ -218,7 +239,12 @@ impl<'a> TensorView<'a> {
             GgmlType::Q4_0 => TensorView::Q4_0(cast_tensor(info, bytes)?),
             GgmlType::Q4_1 => TensorView::Q4_1(cast_tensor(info, bytes)?),
             GgmlType::Q8_0 => TensorView::Q8_0(cast_tensor(info, bytes)?),
-            _ => unreachable!("check_runnable admits only the five types above"),
+            GgmlType::Q5_0 => TensorView::Q5_0(cast_tensor(info, bytes)?),
+            GgmlType::Q5_1 => TensorView::Q5_1(cast_tensor(info, bytes)?),
+            GgmlType::Q4_K => TensorView::Q4K(cast_tensor(info, bytes)?),
+            GgmlType::Q5_K => TensorView::Q5K(cast_tensor(info, bytes)?),
+            GgmlType::Q6_K => TensorView::Q6K(cast_tensor(info, bytes)?),
+            _ => unreachable!("check_runnable admits only the types above"),
         })
     }
 
@@ -229,6 +255,11 @@ impl<'a> TensorView<'a> {
             TensorView::Q4_0(_) => GgmlType::Q4_0,
             TensorView::Q4_1(_) => GgmlType::Q4_1,
             TensorView::Q8_0(_) => GgmlType::Q8_0,
+            TensorView::Q5_0(_) => GgmlType::Q5_0,
+            TensorView::Q5_1(_) => GgmlType::Q5_1,
+            TensorView::Q4K(_) => GgmlType::Q4_K,
+            TensorView::Q5K(_) => GgmlType::Q5_K,
+            TensorView::Q6K(_) => GgmlType::Q6_K,
         }
     }
 
@@ -241,6 +272,11 @@ impl<'a> TensorView<'a> {
             TensorView::Q4_0(x) => r::dequantize_row_q4_0(x, out),
             TensorView::Q4_1(x) => r::dequantize_row_q4_1(x, out),
             TensorView::Q8_0(x) => r::dequantize_row_q8_0(x, out),
+            TensorView::Q5_0(x) => BlockFormat::dequantize_row(x, out),
+            TensorView::Q5_1(x) => BlockFormat::dequantize_row(x, out),
+            TensorView::Q4K(x) => BlockFormat::dequantize_row(x, out),
+            TensorView::Q5K(x) => BlockFormat::dequantize_row(x, out),
+            TensorView::Q6K(x) => BlockFormat::dequantize_row(x, out),
         }
     }
 }
@@ -300,11 +336,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot be viewed as F32"), "{e}");
-        let k = info(GgmlType::Q4_K, &[256]);
-        let e = TensorView::new(&k, &bytes[..144]).unwrap_err().to_string();
+        let k = info(GgmlType::Q2_K, &[256]);
+        let e = TensorView::new(&k, &bytes[..84]).unwrap_err().to_string();
         assert!(
-            e.contains("'t' has type Q4_K") && e.contains("edgellm quantize"),
+            e.contains("'t' has type Q2_K") && e.contains("edgellm quantize"),
             "{e}"
         );
+        // The K-quants edgellm runs view as their blocks.
+        let k = info(GgmlType::Q4_K, &[256]);
+        let v = TensorView::new(&k, &bytes[..144]).unwrap();
+        assert!(matches!(v, TensorView::Q4K(b) if b.len() == 1), "{v:?}");
     }
 }

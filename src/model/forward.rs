@@ -17,7 +17,7 @@
 //!
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
-use super::matrix::{ActKind, ActScratch, Mat, matmul, transpose_into};
+use super::matrix::{ActKind, ActNeed, ActScratch, Mat, matmul, transpose_into};
 use super::{HParams, Model, RopeType};
 use crate::kv::KvCache;
 use crate::runtime::{Op, Pool, Profile};
@@ -116,11 +116,7 @@ impl Arena {
             + n_threads.max(1) * hp.group() * n_ctx
             + n_ctx * (hp.n_rot / 2) * 2
             + hp.n_vocab;
-        let blocks = chunk * widest.div_ceil(32);
-        4 * floats
-            + blocks
-                * (std::mem::size_of::<kernels_neon::BlockQ8_0>()
-                    + std::mem::size_of::<kernels_neon::BlockQ8_1>())
+        4 * floats + ActScratch::bytes_for(chunk, widest)
     }
 
     /// Bytes held (for `inspect` and status).
@@ -137,16 +133,12 @@ impl Arena {
             + self.scores.len()
             + self.rope.len()
             + self.logits.len())
-            + std::mem::size_of_val(&self.acts.q8_0[..])
-            + std::mem::size_of_val(&self.acts.q8_1[..])
+            + self.acts.bytes()
     }
 }
 
-fn need(ms: &[&Mat<'_>]) -> [bool; 2] {
-    [
-        ms.iter().any(|m| m.act_kind() == ActKind::Q8_0),
-        ms.iter().any(|m| m.act_kind() == ActKind::Q8_1),
-    ]
+fn need(ms: &[&Mat<'_>]) -> ActNeed {
+    [ActKind::Q8_0, ActKind::Q8_1, ActKind::Q8K].map(|a| ms.iter().any(|m| m.act_kind() == a))
 }
 
 /// Bytes of each KV head's key (and value) run prefetched at the start of a decoded token's

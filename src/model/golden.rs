@@ -9,28 +9,38 @@ use super::matrix::{Mat, MatData};
 use super::{Model, RopeType};
 use crate::kv::KvType;
 use kernels_neon::reference as r;
-use kernels_neon::{BlockQ8_0, BlockQ8_1, f16};
+use kernels_neon::{BlockFormat, PackedFormat, f16};
+
+/// `x` quantized to `W`'s activation blocks, times `W` with the row reference.
+fn quantized<W: BlockFormat>(w: &[W], x: &[f32], y: &mut [f32]) {
+    let mut a = vec![W::Activation::default(); x.len() / W::Activation::BLOCK_LEN];
+    W::Activation::quantize_row_ref(x, &mut a);
+    r::matvec_ref(w, &a, y);
+}
+
+/// [`quantized`] over packed weights: the packed reference gives the row reference's bits.
+fn packed<P: PackedFormat>(w: &[P], x: &[f32], y: &mut [f32])
+where
+    P::Row: BlockFormat,
+{
+    type Act<P> = <<P as PackedFormat>::Row as BlockFormat>::Activation;
+    let mut a = vec![Act::<P>::default(); x.len() / Act::<P>::BLOCK_LEN];
+    Act::<P>::quantize_row_ref(x, &mut a);
+    r::matvec_packed_ref(w, &a, y);
+}
 
 /// `y[rows] = W · x[cols]` with the reference kernels.
 fn matvec(m: &Mat<'_>, x: &[f32]) -> Vec<f32> {
-    let nb = m.cols / 32;
     let mut y = vec![0.0f32; m.rows];
     match m.data {
-        MatData::Q4_0(w) => {
-            let mut a = vec![BlockQ8_0::default(); nb];
-            r::quantize_row_q8_0_ref(x, &mut a);
-            r::matvec_ref(w, &a, &mut y);
-        }
-        MatData::Q8_0(w) => {
-            let mut a = vec![BlockQ8_0::default(); nb];
-            r::quantize_row_q8_0_ref(x, &mut a);
-            r::matvec_ref(w, &a, &mut y);
-        }
-        MatData::Q4_1(w) => {
-            let mut a = vec![BlockQ8_1::default(); nb];
-            r::quantize_row_q8_1_ref(x, &mut a);
-            r::matvec_ref(w, &a, &mut y);
-        }
+        MatData::Q4_0(w) => quantized(w, x, &mut y),
+        MatData::Q8_0(w) => quantized(w, x, &mut y),
+        MatData::Q4_1(w) => quantized(w, x, &mut y),
+        MatData::Q5_0(w) => quantized(w, x, &mut y),
+        MatData::Q5_1(w) => quantized(w, x, &mut y),
+        MatData::Q4K(w) => quantized(w, x, &mut y),
+        MatData::Q5K(w) => quantized(w, x, &mut y),
+        MatData::Q6K(w) => quantized(w, x, &mut y),
         MatData::F16(w) => {
             for (o, row) in y.iter_mut().zip(w.chunks_exact(m.cols)) {
                 *o = r::dot_f16_ref(row, x);
@@ -41,22 +51,9 @@ fn matvec(m: &Mat<'_>, x: &[f32]) -> Vec<f32> {
                 *o = r::dot_f32_ref(row, x);
             }
         }
-        // The packed reference gives the row reference's bits.
-        MatData::Q4_0x8(w) => {
-            let mut a = vec![BlockQ8_0::default(); nb];
-            r::quantize_row_q8_0_ref(x, &mut a);
-            r::matvec_packed_ref(w, &a, &mut y);
-        }
-        MatData::Q8_0x8(w) => {
-            let mut a = vec![BlockQ8_0::default(); nb];
-            r::quantize_row_q8_0_ref(x, &mut a);
-            r::matvec_packed_ref(w, &a, &mut y);
-        }
-        MatData::Q4_1x8(w) => {
-            let mut a = vec![BlockQ8_1::default(); nb];
-            r::quantize_row_q8_1_ref(x, &mut a);
-            r::matvec_packed_ref(w, &a, &mut y);
-        }
+        MatData::Q4_0x8(w) => packed(w, x, &mut y),
+        MatData::Q8_0x8(w) => packed(w, x, &mut y),
+        MatData::Q4_1x8(w) => packed(w, x, &mut y),
     }
     y
 }

@@ -4,8 +4,9 @@ use crate::gguf::TensorView;
 use crate::runtime::Pool;
 use kernels_neon::dispatch::PACKED_REFERENCE;
 use kernels_neon::{
-    BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, Kernels,
-    PACK_ROWS, PackedWeightFormat, WeightFormat, f16,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ5_0, BlockQ5_1,
+    BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, BlockQ8K, Kernels, PACK_ROWS,
+    PackedWeightFormat, QK_K, WeightFormat, f16,
 };
 
 /// The data of a weight matrix: as stored in the GGUF file (row-major, `rows × cols`), or
@@ -17,6 +18,11 @@ pub enum MatData<'a> {
     Q4_0(&'a [BlockQ4_0]),
     Q4_1(&'a [BlockQ4_1]),
     Q8_0(&'a [BlockQ8_0]),
+    Q5_0(&'a [BlockQ5_0]),
+    Q5_1(&'a [BlockQ5_1]),
+    Q4K(&'a [BlockQ4K]),
+    Q5K(&'a [BlockQ5K]),
+    Q6K(&'a [BlockQ6K]),
     Q4_0x8(&'a [BlockQ4_0x8]),
     Q4_1x8(&'a [BlockQ4_1x8]),
     Q8_0x8(&'a [BlockQ8_0x8]),
@@ -30,6 +36,11 @@ impl<'a> From<TensorView<'a>> for MatData<'a> {
             TensorView::Q4_0(w) => MatData::Q4_0(w),
             TensorView::Q4_1(w) => MatData::Q4_1(w),
             TensorView::Q8_0(w) => MatData::Q8_0(w),
+            TensorView::Q5_0(w) => MatData::Q5_0(w),
+            TensorView::Q5_1(w) => MatData::Q5_1(w),
+            TensorView::Q4K(w) => MatData::Q4K(w),
+            TensorView::Q5K(w) => MatData::Q5K(w),
+            TensorView::Q6K(w) => MatData::Q6K(w),
         }
     }
 }
@@ -47,16 +58,21 @@ pub struct Mat<'a> {
 pub enum ActKind {
     Q8_0,
     Q8_1,
+    /// Blocks of 256 (the K-quants' activations).
+    Q8K,
     F32,
 }
 
 impl Mat<'_> {
     pub fn act_kind(&self) -> ActKind {
         match self.data {
-            MatData::Q4_0(_) | MatData::Q8_0(_) | MatData::Q4_0x8(_) | MatData::Q8_0x8(_) => {
-                ActKind::Q8_0
-            }
-            MatData::Q4_1(_) | MatData::Q4_1x8(_) => ActKind::Q8_1,
+            MatData::Q4_0(_)
+            | MatData::Q8_0(_)
+            | MatData::Q5_0(_)
+            | MatData::Q4_0x8(_)
+            | MatData::Q8_0x8(_) => ActKind::Q8_0,
+            MatData::Q4_1(_) | MatData::Q5_1(_) | MatData::Q4_1x8(_) => ActKind::Q8_1,
+            MatData::Q4K(_) | MatData::Q5K(_) | MatData::Q6K(_) => ActKind::Q8K,
             MatData::F16(_) | MatData::F32(_) => ActKind::F32,
         }
     }
@@ -67,6 +83,11 @@ impl Mat<'_> {
             MatData::Q4_0(w) => std::mem::size_of_val(w),
             MatData::Q4_1(w) => std::mem::size_of_val(w),
             MatData::Q8_0(w) => std::mem::size_of_val(w),
+            MatData::Q5_0(w) => std::mem::size_of_val(w),
+            MatData::Q5_1(w) => std::mem::size_of_val(w),
+            MatData::Q4K(w) => std::mem::size_of_val(w),
+            MatData::Q5K(w) => std::mem::size_of_val(w),
+            MatData::Q6K(w) => std::mem::size_of_val(w),
             MatData::F16(w) => std::mem::size_of_val(w),
             MatData::F32(w) => std::mem::size_of_val(w),
             MatData::Q4_0x8(w) => std::mem::size_of_val(w),
@@ -88,6 +109,11 @@ impl Mat<'_> {
             MatData::Q8_0(w) => {
                 kernels_neon::reference::dequantize_row_q8_0(&w[r * c / 32..(r + 1) * c / 32], out)
             }
+            MatData::Q5_0(w) => dequantize_row(w, c, r, out),
+            MatData::Q5_1(w) => dequantize_row(w, c, r, out),
+            MatData::Q4K(w) => dequantize_row(w, c, r, out),
+            MatData::Q5K(w) => dequantize_row(w, c, r, out),
+            MatData::Q6K(w) => dequantize_row(w, c, r, out),
             MatData::F16(w) => kernels_neon::f16_to_f32_row(&w[r * c..(r + 1) * c], out),
             MatData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
             MatData::Q4_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
@@ -97,6 +123,12 @@ impl Mat<'_> {
     }
 }
 
+/// Row `r` of a `cols`-wide matrix of `B` blocks, dequantized into `out`.
+fn dequantize_row<B: BlockFormat>(w: &[B], cols: usize, r: usize, out: &mut [f32]) {
+    let nb = cols / B::BLOCK_LEN;
+    B::dequantize_row(&w[r * nb..(r + 1) * nb], out)
+}
+
 /// Activations of a batch of tokens, quantized once per input and shared by every matrix that
 /// reads that input (q/k/v share one, gate/up share one).
 pub struct Acts<'s> {
@@ -104,6 +136,8 @@ pub struct Acts<'s> {
     pub f32: &'s [f32],
     pub q8_0: &'s [BlockQ8_0],
     pub q8_1: &'s [BlockQ8_1],
+    /// Empty unless the input's width is a whole number of 256-value blocks.
+    pub q8_k: &'s [BlockQ8K],
     pub n_tok: usize,
 }
 
@@ -111,24 +145,52 @@ pub struct Acts<'s> {
 pub struct ActScratch {
     pub q8_0: Vec<BlockQ8_0>,
     pub q8_1: Vec<BlockQ8_1>,
+    pub q8_k: Vec<BlockQ8K>,
 }
 
+/// Which activation formats an input must be quantized into: `[Q8_0, Q8_1, Q8_K]`.
+pub type ActNeed = [bool; 3];
+
 impl ActScratch {
+    /// Room for `max_tok` inputs of up to `max_cols` values in every format. (Q8_K's is
+    /// allocated whether or not the model has K-quant matrices: a few hundred KiB at most,
+    /// and [`ActScratch::bytes_for`] counts it.)
     pub fn new(max_tok: usize, max_cols: usize) -> ActScratch {
-        let blocks = max_tok * max_cols.div_ceil(32);
+        let (blocks, k_blocks) = Self::blocks(max_tok, max_cols);
         ActScratch {
             q8_0: vec![BlockQ8_0::default(); blocks],
             q8_1: vec![BlockQ8_1::default(); blocks],
+            q8_k: vec![BlockQ8K::default(); k_blocks],
         }
     }
 
-    /// Quantizes `x` (`n_tok × cols`, token-major) into the formats in `need`.
+    fn blocks(max_tok: usize, max_cols: usize) -> (usize, usize) {
+        (
+            max_tok * max_cols.div_ceil(32),
+            max_tok * max_cols.div_ceil(QK_K),
+        )
+    }
+
+    /// Bytes [`ActScratch::new`] allocates.
+    pub fn bytes_for(max_tok: usize, max_cols: usize) -> usize {
+        let (blocks, k_blocks) = Self::blocks(max_tok, max_cols);
+        blocks * (size_of::<BlockQ8_0>() + size_of::<BlockQ8_1>())
+            + k_blocks * size_of::<BlockQ8K>()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        size_of_val(&self.q8_0[..]) + size_of_val(&self.q8_1[..]) + size_of_val(&self.q8_k[..])
+    }
+
+    /// Quantizes `x` (`n_tok × cols`, token-major) into the formats in `need`. A K-quant
+    /// input's width is a whole number of 256-value blocks (the loader checks its matrices).
     pub fn quantize<'s>(
         &'s mut self,
         k: &Kernels,
         x: &'s [f32],
         n_tok: usize,
-        need: [bool; 2],
+        need: ActNeed,
     ) -> Acts<'s> {
         let nb = x.len() / 32;
         if need[0] {
@@ -137,10 +199,15 @@ impl ActScratch {
         if need[1] {
             (k.quantize_row_q8_1)(x, &mut self.q8_1[..nb]);
         }
+        let nk = if need[2] { x.len() / QK_K } else { 0 };
+        if need[2] {
+            (k.more.quantize_row_q8_k)(x, &mut self.q8_k[..nk]);
+        }
         Acts {
             f32: x,
             q8_0: &self.q8_0[..nb],
             q8_1: &self.q8_1[..nb],
+            q8_k: &self.q8_k[..nk],
             n_tok,
         }
     }
@@ -217,10 +284,16 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
     let n = a.n_tok;
     let out = &mut out[..m.rows * n];
     let nb = m.cols / 32;
+    let nk = m.cols / QK_K;
     match m.data {
         MatData::Q4_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4_1(w) => product(k, pool, w, &a.q8_1[..n * nb], n, out),
         MatData::Q8_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q5_0(w) => product(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q5_1(w) => product(k, pool, w, &a.q8_1[..n * nb], n, out),
+        MatData::Q4K(w) => product(k, pool, w, &a.q8_k[..n * nk], n, out),
+        MatData::Q5K(w) => product(k, pool, w, &a.q8_k[..n * nk], n, out),
+        MatData::Q6K(w) => product(k, pool, w, &a.q8_k[..n * nk], n, out),
         MatData::Q4_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4_1x8(w) => product_packed(k, pool, w, &a.q8_1[..n * nb], n, out),
         MatData::Q8_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),

@@ -200,6 +200,11 @@ impl Model {
                 GgmlType::Q4_0
                 | GgmlType::Q4_1
                 | GgmlType::Q8_0
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
                 | GgmlType::F16
                 | GgmlType::F32 => {}
                 _ => {
@@ -212,10 +217,13 @@ impl Model {
                     });
                 }
             }
-            if t.ty != GgmlType::F32 && t.ty != GgmlType::F16 && !cols.is_multiple_of(32) {
+            // A row is whole blocks (32 values, 256 for the K-quants): the products take an
+            // input's blocks in step with a row's.
+            let block = t.ty.block_len() as usize;
+            if !cols.is_multiple_of(block) {
                 return Err(ModelError::BadShape {
                     name: name.into(),
-                    expected: "rows of whole 32-value blocks".into(),
+                    expected: format!("rows of whole {block}-value blocks"),
                     found: t.shape_string(),
                 });
             }

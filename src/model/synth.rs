@@ -2,7 +2,10 @@
 //! models of the engine (numerics, threading, allocation), built in milliseconds.
 
 use crate::gguf::{Array, GgmlType, Gguf, GgufWriter, Value};
-use kernels_neon::{BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ8_0, f16};
+use kernels_neon::{
+    BlockFormat, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, f16,
+};
 
 /// The shape and flavour of a synthetic model.
 #[derive(Clone, Debug)]
@@ -14,7 +17,8 @@ pub struct SynthSpec {
     pub n_head_kv: usize,
     pub n_ff: usize,
     pub n_vocab: usize,
-    /// Type of the 2-D weights (the embedding too).
+    /// Type of the 2-D weights (the embedding too). The K-quants need `n_embd`, the query
+    /// width and `n_ff` to be multiples of 256.
     pub weight_type: GgmlType,
     /// Share the embedding as output (no `output.weight`).
     pub tied: bool,
@@ -56,7 +60,7 @@ impl Rng {
 }
 
 fn quantize<B: BlockFormat>(x: &[f32]) -> Vec<u8> {
-    let mut y = vec![B::default(); x.len() / 32];
+    let mut y = vec![B::default(); x.len() / B::BLOCK_LEN];
     B::quantize_row_ref(x, &mut y);
     bytemuck::cast_slice(&y).to_vec()
 }
@@ -66,6 +70,11 @@ fn encode(ty: GgmlType, x: &[f32]) -> Vec<u8> {
         GgmlType::Q4_0 => quantize::<BlockQ4_0>(x),
         GgmlType::Q4_1 => quantize::<BlockQ4_1>(x),
         GgmlType::Q8_0 => quantize::<BlockQ8_0>(x),
+        GgmlType::Q5_0 => quantize::<BlockQ5_0>(x),
+        GgmlType::Q5_1 => quantize::<BlockQ5_1>(x),
+        GgmlType::Q4_K => quantize::<BlockQ4K>(x),
+        GgmlType::Q5_K => quantize::<BlockQ5K>(x),
+        GgmlType::Q6_K => quantize::<BlockQ6K>(x),
         GgmlType::F16 => x
             .iter()
             .flat_map(|&v| f16::from_f32(v).to_le_bytes())
