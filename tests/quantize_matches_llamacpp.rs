@@ -145,6 +145,36 @@ fn gemma3_q4_k_m_to_q4_0_and_q8_0_is_byte_identical_to_llama_quantize() {
     );
 }
 
+/// llama.cpp made the shipped Q4_K_M file: our Q4_K_M plan for it gives every one of its 236
+/// tensors the type llama.cpp gave (the Q6_K of the more-bits layers' attn_v and ffn_down,
+/// the fallbacks of 640-wide rows to Q5_0 and Q8_0), so requantizing it copies every byte.
+#[test]
+fn gemma3_q4_k_m_plan_is_llama_cpps_and_requantizing_copies_it() {
+    let src = model_path(GEMMA3);
+    let g = Gguf::open(&src, &OpenOptions::default()).unwrap();
+    let plan = edgellm::quantize::plan(&g, QuantType::Q4KM);
+    let wrong: Vec<String> = plan
+        .iter()
+        .filter(|p| !p.is_copy())
+        .map(|p| format!("{}: {} -> {}", p.name, p.from, p.to))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} tensors differ: {wrong:?}",
+        wrong.len()
+    );
+    assert_eq!(plan.len(), 236);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("again.gguf");
+    let summary = quantize_file(&src, &out, QuantType::Q4KM, |_| {}).unwrap();
+    assert_eq!(summary.n_requantized, 0);
+    let again = Gguf::open(&out, &OpenOptions::default()).unwrap();
+    for t in g.tensors() {
+        let a = again.tensor_info(&t.name).unwrap();
+        assert_eq!(g.tensor_data(t), again.tensor_data(a), "{}", t.name);
+    }
+}
+
 #[test]
 fn q4_1_to_q4_1_copies_every_tensor() {
     let (_dir, _g) = quantize_and_compare(QuantType::Q4_1, "Q4_1");

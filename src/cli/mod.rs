@@ -47,7 +47,7 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Inspect or verify a KV snapshot file (`run --session-file`).
     Kv(kv::Args),
-    /// Requantize a GGUF model to q4_0, q4_1, q8_0 or f16 (llama.cpp-identical tensor bytes).
+    /// Requantize a GGUF model (q4_0 … q8_0, q4_k_m, q5_k_m, f16) with llama.cpp's type choices.
     Quantize(quantize::Args),
     /// Run the appliance daemon: answer requests over MQTT (embedded broker by default).
     Serve(serve::Args),

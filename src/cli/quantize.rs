@@ -5,14 +5,23 @@ use edgellm::quantize::{Progress, QuantType, quantize_file};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
-/// Requantize a GGUF model's 2-D weights (llama.cpp-identical bytes), keeping norms in F32 and
-/// all metadata; sets general.file_type.
+/// Requantize a GGUF model's 2-D weights with llama.cpp's type choices and reference
+/// quantizers, keeping norms in F32 and all metadata; sets general.file_type.
 #[derive(clap::Args)]
 #[command(after_help = "\
-Reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. The output projection (token_embd.weight when \
-tied) becomes Q8_0, 1-D tensors and norms are copied. The tensor data equals that of \
-`llama-quantize --allow-requantize IN OUT TYPE` (for files whose output rows are not a multiple \
-of 256, where llama.cpp would pick Q6_K). OUT is written to OUT.tmp and renamed when complete.
+Reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights and writes:
+  q4_0 q4_1 q5_0 q5_1 q8_0 q6_k  every matrix in that type
+  q4_k_m q5_k_m                   llama.cpp's mixes: Q6_K for attn_v and ffn_down of the first and
+                                  last eighth of the layers and every third between
+  q4_k q5_k                       every matrix in that type, the output too (llama-quantize --pure)
+  f16
+The output projection (token_embd.weight when tied) becomes Q6_K (Q8_0 for q8_0), rows that are
+not whole blocks fall back as llama.cpp's do (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then
+F16), 1-D tensors and norms are copied. Each tensor's type is the one
+`llama-quantize --allow-requantize IN OUT TYPE` picks; for q4_0, q4_1 and q8_0 the data is
+byte-identical too. The K-quant and Q5 data equal ggml's reference code; a llama.cpp build that
+fuses multiply-adds may differ in the last bit of a few scales. OUT is written to OUT.tmp and
+renamed when complete.
 
 Example: edgellm quantize smollm2-135m-q4_1.gguf smollm2-135m-q4_0.gguf q4_0")]
 pub struct Args {
@@ -20,7 +29,7 @@ pub struct Args {
     input: PathBuf,
     /// Output model (.gguf); must differ from the input.
     output: PathBuf,
-    /// Weight format: q4_0, q4_1, q8_0 or f16.
+    /// Weight format: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m or f16.
     #[arg(value_name = "TYPE")]
     ty: QuantType,
     /// No progress bar even on a terminal.

@@ -4,12 +4,11 @@
 //!
 //! - A tensor is quantized if its name ends in `weight`, it has at least 2 dimensions and is
 //!   not a norm (or another tensor llama.cpp keeps as is); everything else is copied.
-//! - The output projection (`output.weight`, or `token_embd.weight` when the embeddings are
-//!   tied) gets Q8_0 (F16 when the target is f16): llama.cpp gives it Q6_K when its rows are a
-//!   multiple of 256 and Q8_0 otherwise; edgellm does not run K-quants, so Q8_0 always.
+//! - Each tensor's type is llama.cpp's choice for the file type (`plan.rs`): the output
+//!   projection Q6_K (or Q8_0), more bits for some `attn_v` and `ffn_down` in the K mixes,
+//!   and llama.cpp's fallbacks for rows that are not whole blocks.
 //! - A tensor already of its new type is copied byte for byte; any other is dequantized to f32
 //!   (`dequantize_row_*`) and quantized with `quantize_row_*_ref`, row by row.
-//! - A row length that is not a multiple of the block size falls back to F16.
 //! - Metadata is kept, with `general.file_type` (llama.cpp's `LLAMA_FTYPE_*`) and
 //!   `general.quantization_version` set.
 
@@ -23,134 +22,9 @@ use kernels_neon::{
 };
 use std::borrow::Cow;
 use std::path::Path;
-use std::str::FromStr;
 
-/// Formats `edgellm quantize` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QuantType {
-    Q4_0,
-    Q4_1,
-    Q8_0,
-    F16,
-}
-
-impl QuantType {
-    pub const ALL: [QuantType; 4] = [
-        QuantType::Q4_0,
-        QuantType::Q4_1,
-        QuantType::Q8_0,
-        QuantType::F16,
-    ];
-
-    /// The ggml type of the quantized weights.
-    pub fn ggml_type(self) -> GgmlType {
-        match self {
-            QuantType::Q4_0 => GgmlType::Q4_0,
-            QuantType::Q4_1 => GgmlType::Q4_1,
-            QuantType::Q8_0 => GgmlType::Q8_0,
-            QuantType::F16 => GgmlType::F16,
-        }
-    }
-
-    /// llama.cpp's `llama_ftype`, stored as `general.file_type`.
-    pub fn file_type(self) -> u32 {
-        match self {
-            QuantType::F16 => 1,
-            QuantType::Q4_0 => 2,
-            QuantType::Q4_1 => 3,
-            QuantType::Q8_0 => 7,
-        }
-    }
-
-    /// Lower-case name as given on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            QuantType::Q4_0 => "q4_0",
-            QuantType::Q4_1 => "q4_1",
-            QuantType::Q8_0 => "q8_0",
-            QuantType::F16 => "f16",
-        }
-    }
-}
-
-impl FromStr for QuantType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<QuantType, String> {
-        QuantType::ALL
-            .into_iter()
-            .find(|q| q.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown type '{s}' (expected q4_0, q4_1, q8_0 or f16)"))
-    }
-}
-
-impl std::fmt::Display for QuantType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// `GGML_QNT_VERSION`, stored as `general.quantization_version`.
-pub const QUANTIZATION_VERSION: u32 = 2;
-
-/// What happens to one tensor.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorPlan {
-    pub name: String,
-    pub from: GgmlType,
-    pub to: GgmlType,
-}
-
-impl TensorPlan {
-    /// Whether the data is copied unchanged.
-    pub fn is_copy(&self) -> bool {
-        self.from == self.to
-    }
-}
-
-/// Whether llama.cpp would quantize this tensor at all.
-pub fn is_quantizable(t: &TensorInfo) -> bool {
-    // ggml_n_dims: trailing dimensions of 1 do not count.
-    let n_dims = t.dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-    const KEEP: [&str; 5] = [
-        "_norm.weight",
-        "ffn_gate_inp.weight",
-        "pos_embd.weight",
-        "token_types.weight",
-        "ssm_conv1d.weight",
-    ];
-    t.name.ends_with("weight") && n_dims >= 2 && !KEEP.iter().any(|k| t.name.contains(k))
-}
-
-/// The type tensor `t` gets when the file is quantized to `target`.
-pub fn target_type(t: &TensorInfo, target: QuantType, has_output: bool) -> GgmlType {
-    if !is_quantizable(t) {
-        return t.ty;
-    }
-    let is_output = t.name == "output.weight" || (!has_output && t.name == "token_embd.weight");
-    let ty = match target {
-        QuantType::F16 => GgmlType::F16,
-        _ if is_output => GgmlType::Q8_0,
-        q => q.ggml_type(),
-    };
-    if !t.row_len().is_multiple_of(ty.block_len()) {
-        GgmlType::F16
-    } else {
-        ty
-    }
-}
-
-/// The plan for every tensor of `src`, in file order.
-pub fn plan(src: &Gguf, target: QuantType) -> Vec<TensorPlan> {
-    let has_output = src.get_tensor_info("output.weight").is_some();
-    src.tensors()
-        .iter()
-        .map(|t| TensorPlan {
-            name: t.name.clone(),
-            from: t.ty,
-            to: target_type(t, target, has_output),
-        })
-        .collect()
-}
+mod plan;
+pub use plan::{QUANTIZATION_VERSION, QuantType, TensorPlan, is_quantizable, plan, target_type};
 
 /// Progress of [`quantize_file`], given after each tensor.
 #[derive(Clone, Copy, Debug)]
@@ -235,7 +109,7 @@ pub fn convert<'a>(
     let unsupported = |ty: GgmlType| GgufError::BadTensor {
         name: t.name.clone(),
         message: format!(
-            "has type {ty}, which edgellm quantize cannot convert (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and writes Q4_0, Q4_1, Q8_0, F16)"
+            "has type {ty}, which edgellm quantize cannot convert (it reads and writes F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, and reads BF16)"
         ),
     };
     if t.n_elements() == 0 {
@@ -315,6 +189,11 @@ fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Option<()> {
         GgmlType::Q4_0 => with::<BlockQ4_0>(out, |o| r::quantize_row_q4_0_ref(x, o)),
         GgmlType::Q4_1 => with::<BlockQ4_1>(out, |o| r::quantize_row_q4_1_ref(x, o)),
         GgmlType::Q8_0 => with::<BlockQ8_0>(out, |o| r::quantize_row_q8_0_ref(x, o)),
+        GgmlType::Q5_0 => with::<BlockQ5_0>(out, |o| r::quantize_row_q5_0_ref(x, o)),
+        GgmlType::Q5_1 => with::<BlockQ5_1>(out, |o| r::quantize_row_q5_1_ref(x, o)),
+        GgmlType::Q4_K => with::<BlockQ4K>(out, |o| r::quantize_row_q4_k_ref(x, o)),
+        GgmlType::Q5_K => with::<BlockQ5K>(out, |o| r::quantize_row_q5_k_ref(x, o)),
+        GgmlType::Q6_K => with::<BlockQ6K>(out, |o| r::quantize_row_q6_k_ref(x, o)),
         _ => return None,
     }
     Some(())
@@ -323,89 +202,6 @@ fn quantize(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Option<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn info(name: &str, ty: GgmlType, dims: &[u64]) -> TensorInfo {
-        TensorInfo {
-            name: name.into(),
-            dims: dims.to_vec(),
-            ty,
-            offset: 0,
-            size: 0,
-        }
-    }
-
-    #[test]
-    fn llama_cpp_type_choices() {
-        let q = QuantType::Q4_0;
-        assert_eq!(
-            target_type(
-                &info("blk.0.attn_q.weight", GgmlType::Q4_1, &[576, 576]),
-                q,
-                false
-            ),
-            GgmlType::Q4_0
-        );
-        assert_eq!(
-            target_type(
-                &info("blk.0.attn_norm.weight", GgmlType::F32, &[576]),
-                q,
-                false
-            ),
-            GgmlType::F32
-        );
-        assert_eq!(
-            target_type(
-                &info("token_embd.weight", GgmlType::Q8_0, &[576, 49152]),
-                q,
-                false
-            ),
-            GgmlType::Q8_0
-        );
-        // Untied: the embedding follows the file type, the output gets Q8_0.
-        assert_eq!(
-            target_type(
-                &info("token_embd.weight", GgmlType::F16, &[576, 49152]),
-                q,
-                true
-            ),
-            GgmlType::Q4_0
-        );
-        assert_eq!(
-            target_type(
-                &info("output.weight", GgmlType::F16, &[576, 49152]),
-                q,
-                true
-            ),
-            GgmlType::Q8_0
-        );
-        assert_eq!(
-            target_type(
-                &info("blk.0.ffn_up.weight", GgmlType::F32, &[48, 4]),
-                q,
-                false
-            ),
-            GgmlType::F16
-        );
-        assert_eq!(
-            target_type(
-                &info("blk.0.ffn_up.weight", GgmlType::F32, &[64, 1]),
-                q,
-                false
-            ),
-            GgmlType::F32,
-            "1-D after trailing 1s"
-        );
-        assert_eq!(
-            target_type(
-                &info("output.weight", GgmlType::F32, &[64, 4]),
-                QuantType::F16,
-                true
-            ),
-            GgmlType::F16
-        );
-        assert_eq!("Q8_0".parse::<QuantType>().unwrap(), QuantType::Q8_0);
-        assert!("q6_k".parse::<QuantType>().unwrap_err().contains("q4_0"));
-    }
 
     #[test]
     fn quantize_matches_the_reference_on_unaligned_buffers() {
@@ -420,6 +216,6 @@ mod tests {
         let mut want_back = vec![0f32; 64];
         r::dequantize_row_q4_0(&want, &mut want_back);
         assert_eq!(back, want_back);
-        assert!(quantize(GgmlType::Q6_K, &x, &mut buf).is_none());
+        assert!(quantize(GgmlType::Q2_K, &x, &mut buf).is_none());
     }
 }
