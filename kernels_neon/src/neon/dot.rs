@@ -12,7 +12,7 @@
 //! tail, whatever range of rows a caller passes, and on every ARM path.
 
 use super::fp16::h2f;
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -34,6 +34,33 @@ fn unpack_nibbles(qs: &[u8; 16]) -> [uint8x16_t; 2] {
     }
 }
 
+/// The fifth bits of a Q5 block (`qh`: bit `j` for value `j`, little-endian) as bytes of 16
+/// or 0, in the order of [`unpack_nibbles`].
+#[inline(always)]
+fn fifth_bits(qh: [u8; 4]) -> [uint8x16_t; 2] {
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: `BIT` is valid for 16 readable bytes; the rest are NEON register intrinsics
+    // (NEON is part of the aarch64 baseline).
+    unsafe {
+        let bit = vld1q_u8(BIT.as_ptr());
+        let sixteen = vdupq_n_u8(16);
+        let lo = vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1]));
+        let hi = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
+        [
+            vandq_u8(vtstq_u8(lo, bit), sixteen),
+            vandq_u8(vtstq_u8(hi, bit), sixteen),
+        ]
+    }
+}
+
+/// The values of a Q5 block, 0..32: nibbles and fifth bits.
+#[inline(always)]
+fn unpack_q5(qs: &[u8; 16], qh: [u8; 4]) -> [uint8x16_t; 2] {
+    let (n, h) = (unpack_nibbles(qs), fifth_bits(qh));
+    // SAFETY: NEON register intrinsics only; NEON is part of the aarch64 baseline.
+    unsafe { [vorrq_u8(n[0], h[0]), vorrq_u8(n[1], h[1])] }
+}
+
 /// An activation block (Q8_0 or Q8_1).
 pub(super) trait ActBlock: Copy + 'static {
     /// The 32 quantized values.
@@ -47,7 +74,8 @@ pub(super) trait ActBlock: Copy + 'static {
 /// A weight block and the activation block its dot product pairs with.
 pub(super) trait WeightBlock: Copy + 'static {
     type Act: ActBlock;
-    /// Values fit in 4 bits (signed or not): four products of them with i8 fit in an i16.
+    /// Values fit in 5 bits (signed or not, |q| <= 31): four products of them with i8 fit in
+    /// an i16.
     const NIBBLES: bool;
     /// Has an offset `m` (Q4_1): the dot product adds `m_w * s_a` per block.
     const HAS_MIN: bool;
@@ -127,6 +155,45 @@ impl WeightBlock for BlockQ4_1 {
     }
 }
 
+impl WeightBlock for BlockQ5_0 {
+    type Act = BlockQ8_0;
+    const NIBBLES: bool = true;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    fn qs(&self) -> [int8x16_t; 2] {
+        // SAFETY: NEON register intrinsics only; NEON is part of the aarch64 baseline.
+        unpack_q5(&self.qs, self.qh)
+            .map(|v| unsafe { vsubq_s8(vreinterpretq_s8_u8(v), vdupq_n_s8(16)) })
+    }
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        h2f(self.d)
+    }
+    #[inline(always)]
+    fn m(&self) -> f32 {
+        0.0
+    }
+}
+
+impl WeightBlock for BlockQ5_1 {
+    type Act = BlockQ8_1;
+    const NIBBLES: bool = true;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    fn qs(&self) -> [int8x16_t; 2] {
+        // SAFETY: NEON register intrinsics only; NEON is part of the aarch64 baseline.
+        unpack_q5(&self.qs, self.qh).map(|v| unsafe { vreinterpretq_s8_u8(v) })
+    }
+    #[inline(always)]
+    fn d(&self) -> f32 {
+        h2f(self.d)
+    }
+    #[inline(always)]
+    fn m(&self) -> f32 {
+        h2f(self.m)
+    }
+}
+
 impl WeightBlock for BlockQ8_0 {
     type Act = BlockQ8_0;
     const NIBBLES: bool = false;
@@ -175,7 +242,7 @@ fn idot_neon<W: WeightBlock>(x: [int8x16_t; 2], y: [int8x16_t; 2]) -> int32x4_t 
     // SAFETY: NEON register intrinsics only; NEON is part of the aarch64 baseline.
     unsafe {
         if W::NIBBLES {
-            // |4-bit × i8| <= 15 * 128: four of them fit in an i16 lane.
+            // |5-bit × i8| <= 31 * 128: four of them fit in an i16 lane.
             let p = vmull_s8(vget_low_s8(x[0]), vget_low_s8(y[0]));
             let p = vmlal_high_s8(p, x[0], y[0]);
             let p = vmlal_s8(p, vget_low_s8(x[1]), vget_low_s8(y[1]));

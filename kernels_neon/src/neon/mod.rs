@@ -28,8 +28,8 @@ mod ops;
 mod packed;
 mod quant;
 
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0};
-use crate::dispatch::{Kernels, Path};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+use crate::dispatch::{Kernels, MORE_REFERENCE, MoreFormats, Path};
 
 /// ARMv8.0 base NEON.
 pub(crate) const NEON: Kernels = Kernels {
@@ -46,8 +46,17 @@ pub(crate) const NEON: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_neon::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_neon::<BlockQ8_0>,
     packed: None,
-    // Not yet faster than the references (#18).
-    more: crate::dispatch::MORE_REFERENCE,
+    // Q5_0 and Q5_1 through the Q4 block products (their values unpacked with the fifth
+    // bit); the K-quants not yet faster than the references (#18).
+    more: MoreFormats {
+        vec_dot_q5_0_q8_0: dot::vec_dot_neon::<BlockQ5_0>,
+        vec_dot_q5_1_q8_1: dot::vec_dot_neon::<BlockQ5_1>,
+        matvec_q5_0_q8_0: matvec::matvec_neon::<BlockQ5_0>,
+        matvec_q5_1_q8_1: matvec::matvec_neon::<BlockQ5_1>,
+        matmul_q5_0_q8_0: matmul::matmul_neon::<BlockQ5_0>,
+        matmul_q5_1_q8_1: matmul::matmul_neon::<BlockQ5_1>,
+        ..MORE_REFERENCE
+    },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
@@ -78,6 +87,15 @@ pub(crate) const DOTPROD: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_dotprod::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_dotprod::<BlockQ8_0>,
     packed: Some(packed::PACKED),
+    more: MoreFormats {
+        vec_dot_q5_0_q8_0: dot::vec_dot_dotprod::<BlockQ5_0>,
+        vec_dot_q5_1_q8_1: dot::vec_dot_dotprod::<BlockQ5_1>,
+        matvec_q5_0_q8_0: matvec::matvec_dotprod::<BlockQ5_0>,
+        matvec_q5_1_q8_1: matvec::matvec_dotprod::<BlockQ5_1>,
+        matmul_q5_0_q8_0: matmul::matmul_dotprod::<BlockQ5_0>,
+        matmul_q5_1_q8_1: matmul::matmul_dotprod::<BlockQ5_1>,
+        ..NEON.more
+    },
     ..NEON
 };
 
@@ -87,5 +105,10 @@ pub(crate) const I8MM: Kernels = Kernels {
     matmul_q4_0_q8_0: matmul::matmul_i8mm::<BlockQ4_0>,
     matmul_q4_1_q8_1: matmul::matmul_i8mm::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_i8mm::<BlockQ8_0>,
+    more: MoreFormats {
+        matmul_q5_0_q8_0: matmul::matmul_i8mm::<BlockQ5_0>,
+        matmul_q5_1_q8_1: matmul::matmul_i8mm::<BlockQ5_1>,
+        ..DOTPROD.more
+    },
     ..DOTPROD
 };

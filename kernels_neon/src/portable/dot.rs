@@ -6,9 +6,9 @@
 //! so the pairing holds on either endianness. The result is 4 i32 whose sum is the block's
 //! exact integer dot product.
 
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, f16};
 use bytemuck::cast;
-use wide::{i16x8, i32x4, u16x8};
+use wide::{CmpEq, i16x8, i32x4, u16x8};
 
 /// A weight format as the portable tiles see it.
 pub(super) trait Fmt {
@@ -51,6 +51,42 @@ fn split_nibbles(qs: &[u8; 16]) -> [i16x8; 4] {
         cast((q >> 4) & m),
         cast(q >> 12),
     ]
+}
+
+/// The fifth bits of a Q5 block (`qh`: bit `j` for value `j`, little-endian) as 16 or 0, in
+/// the order of [`split_nibbles`].
+#[inline]
+fn split_fifth_bits(qh: [u8; 4]) -> [i16x8; 4] {
+    // Lane k of the even groups holds value 2k (bit 2k), of the odd groups value 2k+1.
+    const EVEN: [u16; 8] = [1, 1 << 2, 1 << 4, 1 << 6, 1 << 8, 1 << 10, 1 << 12, 1 << 14];
+    const ODD: [u16; 8] = [
+        1 << 1,
+        1 << 3,
+        1 << 5,
+        1 << 7,
+        1 << 9,
+        1 << 11,
+        1 << 13,
+        1 << 15,
+    ];
+    let q = u32::from_le_bytes(qh);
+    let (lo, hi) = (
+        i16x8::splat(q as u16 as i16),
+        i16x8::splat((q >> 16) as u16 as i16),
+    );
+    let bits = |x: i16x8, m: [u16; 8]| {
+        (x & cast::<_, i16x8>(m))
+            .cmp_eq(i16x8::ZERO)
+            .blend(i16x8::ZERO, i16x8::splat(16))
+    };
+    [bits(lo, EVEN), bits(lo, ODD), bits(hi, EVEN), bits(hi, ODD)]
+}
+
+/// The values of a Q5 block, 0..32, in the order of [`split_i8`].
+#[inline]
+fn split_q5(qs: &[u8; 16], qh: [u8; 4]) -> [i16x8; 4] {
+    let (n, h) = (split_nibbles(qs), split_fifth_bits(qh));
+    [n[0] | h[0], n[1] | h[1], n[2] | h[2], n[3] | h[3]]
 }
 
 #[inline]
@@ -124,6 +160,84 @@ impl Fmt for Q4_1 {
     }
     #[inline]
     fn w_m(w: &BlockQ4_1) -> f16 {
+        w.m
+    }
+    #[inline]
+    fn a_d(a: &BlockQ8_1) -> f16 {
+        a.d
+    }
+    #[inline]
+    fn a_s(a: &BlockQ8_1) -> f16 {
+        a.s
+    }
+}
+
+/// Q5_0 × Q8_0.
+pub(super) struct Q5_0;
+
+impl Fmt for Q5_0 {
+    type W = BlockQ5_0;
+    type A = BlockQ8_0;
+    type WP = [i16x8; 4];
+    type AP = [i16x8; 4];
+    const HAS_MIN: bool = false;
+    #[inline]
+    fn prep_w(w: &BlockQ5_0) -> [i16x8; 4] {
+        split_q5(&w.qs, w.qh).map(|v| v - i16x8::splat(16))
+    }
+    #[inline]
+    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
+        split_i8(&a.qs)
+    }
+    #[inline]
+    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+        dot4(w, a)
+    }
+    #[inline]
+    fn w_d(w: &BlockQ5_0) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(_: &BlockQ5_0) -> f16 {
+        f16::ZERO
+    }
+    #[inline]
+    fn a_d(a: &BlockQ8_0) -> f16 {
+        a.d
+    }
+    #[inline]
+    fn a_s(_: &BlockQ8_0) -> f16 {
+        f16::ZERO
+    }
+}
+
+/// Q5_1 × Q8_1 (the `m * s` term is added by the tile).
+pub(super) struct Q5_1;
+
+impl Fmt for Q5_1 {
+    type W = BlockQ5_1;
+    type A = BlockQ8_1;
+    type WP = [i16x8; 4];
+    type AP = [i16x8; 4];
+    const HAS_MIN: bool = true;
+    #[inline]
+    fn prep_w(w: &BlockQ5_1) -> [i16x8; 4] {
+        split_q5(&w.qs, w.qh)
+    }
+    #[inline]
+    fn prep_a(a: &BlockQ8_1) -> [i16x8; 4] {
+        split_i8(&a.qs)
+    }
+    #[inline]
+    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+        dot4(w, a)
+    }
+    #[inline]
+    fn w_d(w: &BlockQ5_1) -> f16 {
+        w.d
+    }
+    #[inline]
+    fn w_m(w: &BlockQ5_1) -> f16 {
         w.m
     }
     #[inline]

@@ -7,9 +7,9 @@
 //! shape, so a row's result does not depend on the tiling, the caller's row range, or on which
 //! of `vec_dot` / `matvec` / `matmul` computed it.
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0};
+use super::dot::{Fmt, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::simd::f16_to_f32;
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use wide::f32x4;
 
@@ -186,4 +186,20 @@ kernels!(
     vec_dot_q8_0_q8_0,
     matvec_q8_0_q8_0,
     matmul_q8_0_q8_0
+);
+kernels!(
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    vec_dot_q5_0_q8_0,
+    matvec_q5_0_q8_0,
+    matmul_q5_0_q8_0
+);
+kernels!(
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    vec_dot_q5_1_q8_1,
+    matvec_q5_1_q8_1,
+    matmul_q5_1_q8_1
 );

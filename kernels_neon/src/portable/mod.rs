@@ -3,6 +3,8 @@
 //! implementations at compile time from the target's baseline features.
 //!
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
+//! - Q5_0 and Q5_1 go through the Q4 tiles with their fifth bits unpacked; the K-quants use
+//!   the references for now.
 //! - `dot`: per-block integer dot products on 16-bit lanes.
 //! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
 //!   (4 rows × 2 tokens), with a row's result independent of the tiling.
@@ -32,8 +34,16 @@ pub(crate) const TABLE: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
-    // Not yet faster than the references (#18).
-    more: crate::dispatch::MORE_REFERENCE,
+    // The K-quants not yet faster than the references (#18).
+    more: crate::dispatch::MoreFormats {
+        vec_dot_q5_0_q8_0: matmul::vec_dot_q5_0_q8_0,
+        vec_dot_q5_1_q8_1: matmul::vec_dot_q5_1_q8_1,
+        matvec_q5_0_q8_0: matmul::matvec_q5_0_q8_0,
+        matvec_q5_1_q8_1: matmul::matvec_q5_1_q8_1,
+        matmul_q5_0_q8_0: matmul::matmul_q5_0_q8_0,
+        matmul_q5_1_q8_1: matmul::matmul_q5_1_q8_1,
+        ..crate::dispatch::MORE_REFERENCE
+    },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
