@@ -331,10 +331,10 @@ fn quantize_cli() {
     assert_eq!(v["file_type"], 7);
     assert_eq!(v["tensor_types"]["Q8_0"]["n_tensors"], 1);
 
-    let r = edgellm(&["quantize", s, o, "q6_k"]);
+    let r = edgellm(&["quantize", s, o, "q2_k"]);
     assert!(!r.status.success());
     assert!(
-        stderr(&r).contains("unknown type 'q6_k' (expected q4_0, q4_1, q8_0 or f16)"),
+        stderr(&r).contains("unknown type 'q2_k' (expected one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m, f16)"),
         "{}",
         stderr(&r)
     );
@@ -358,7 +358,8 @@ fn quantize_cli() {
 
     let help = stdout(&edgellm(&["quantize", "--help"]));
     assert!(
-        help.contains("q4_0, q4_1, q8_0 or f16") && help.contains("llama-quantize"),
+        help.contains("q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m or f16")
+            && help.contains("llama-quantize"),
         "{help}"
     );
     let help = stdout(&edgellm(&["inspect", "--help"]));

@@ -196,27 +196,9 @@ impl Model {
                     found: t.shape_string(),
                 });
             }
-            match t.ty {
-                GgmlType::Q4_0
-                | GgmlType::Q4_1
-                | GgmlType::Q8_0
-                | GgmlType::Q5_0
-                | GgmlType::Q5_1
-                | GgmlType::Q4_K
-                | GgmlType::Q5_K
-                | GgmlType::Q6_K
-                | GgmlType::F16
-                | GgmlType::F32 => {}
-                _ => {
-                    // The loader's own error names the type and suggests `edgellm quantize`.
-                    crate::gguf::tensor::check_runnable(t)?;
-                    return Err(ModelError::BadType {
-                        name: name.into(),
-                        ty: t.ty.name().into(),
-                        role: "a weight matrix",
-                    });
-                }
-            }
+            // Every type the kernels run is a matrix type; the loader's own error names any
+            // other and suggests `edgellm quantize`.
+            crate::gguf::tensor::check_runnable(t)?;
             // A row is whole blocks (32 values, 256 for the K-quants): the products take an
             // input's blocks in step with a row's.
             let block = t.ty.block_len() as usize;
