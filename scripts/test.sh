@@ -109,19 +109,24 @@ scripts/check-deps.sh
 
 step "aarch64 tests under qemu (kernels: cortex-a53, cortex-a76, max; engine: cortex-a53, max)"
 scripts/test-aarch64.sh -p kernels_neon --tests
+# The engine's tests for aarch64 build edgellm's whole dependency tree (tokio, rustls, the
+# embedded broker, ...) a second time: half an hour of a loaded 2-core CI machine at opt-level 2.
+# Under qemu they run our own code (kernels, forward pass, snapshots, at the test profile's
+# opt-level 2), so the dependencies are built unoptimized: one tree for all four stages below.
+a64_edgellm=(-p edgellm --config 'profile.test.package."*".opt-level=0')
 # The synthetic engine on cortex-a53 (NEON) and max (dotprod and i8mm): the dotprod engine of a
 # cortex-a76 is the next stage's, the packed engines. (A third CPU here cost CI minutes of its
 # 90 and ran no other kernel.)
-EDGELLM_QEMU_CPUS="cortex-a53 max" scripts/test-aarch64.sh -p edgellm --test engine_synth --test no_alloc
+EDGELLM_QEMU_CPUS="cortex-a53 max" scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test no_alloc
 # cortex-a53 has no packed products (engine_packed's by-hand packing is run natively already).
 step "aarch64: the packed dotprod and i8mm engines give the file layout's bits (qemu cortex-a76, max)"
-EDGELLM_QEMU_CPUS="cortex-a76 max" scripts/test-aarch64.sh -p edgellm --test engine_packed
+EDGELLM_QEMU_CPUS="cortex-a76 max" scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_packed
 step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
-    scripts/test-aarch64.sh -p edgellm --test session_store another_architecture
+    scripts/test-aarch64.sh "${a64_edgellm[@]}" --test session_store another_architecture
 step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
-    scripts/test-aarch64.sh -p edgellm --test engine_real greedy_ids_are_identical
+    scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_real greedy_ids_are_identical
 # The aarch64 test builds (target and host parts); the release build below has its own.
 a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
 prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"

@@ -94,197 +94,65 @@ fn dot4(x: &[i16x8; 4], y: &[i16x8; 4]) -> i32x4 {
     (x[0].dot(y[0]) + x[1].dot(y[1])) + (x[2].dot(y[2]) + x[3].dot(y[3]))
 }
 
-/// Q4_0 × Q8_0.
-pub(super) struct Q4_0;
+/// A format whose weight and activation blocks are both read as four `i16x8` (the order of
+/// [`split_i8`]): the closures give a weight block's values, then its offset `m` and the
+/// activation's sum `s` when the format has them (Q4_1, Q5_1: the tile adds `m * s`).
+macro_rules! fmt {
+    ($doc:literal, $f:ident, $w:ty, $a:ty, |$x:ident| $prep:expr,
+     min: $m:expr, |$mw:pat_param| $me:expr, |$sa:pat_param| $se:expr) => {
+        #[doc = $doc]
+        pub(super) struct $f;
 
-impl Fmt for Q4_0 {
-    type W = BlockQ4_0;
-    type A = BlockQ8_0;
-    type WP = [i16x8; 4];
-    type AP = [i16x8; 4];
-    const HAS_MIN: bool = false;
-    #[inline]
-    fn prep_w(w: &BlockQ4_0) -> [i16x8; 4] {
-        split_nibbles(&w.qs).map(|v| v - i16x8::splat(8))
-    }
-    #[inline]
-    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
-        split_i8(&a.qs)
-    }
-    #[inline]
-    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
-        dot4(w, a)
-    }
-    #[inline]
-    fn w_d(w: &BlockQ4_0) -> f16 {
-        w.d
-    }
-    #[inline]
-    fn w_m(_: &BlockQ4_0) -> f16 {
-        f16::ZERO
-    }
-    #[inline]
-    fn a_d(a: &BlockQ8_0) -> f16 {
-        a.d
-    }
-    #[inline]
-    fn a_s(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
-    }
+        impl Fmt for $f {
+            type W = $w;
+            type A = $a;
+            type WP = [i16x8; 4];
+            type AP = [i16x8; 4];
+            const HAS_MIN: bool = $m;
+            #[inline]
+            fn prep_w($x: &$w) -> [i16x8; 4] {
+                $prep
+            }
+            #[inline]
+            fn prep_a(a: &$a) -> [i16x8; 4] {
+                split_i8(&a.qs)
+            }
+            #[inline]
+            fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
+                dot4(w, a)
+            }
+            #[inline]
+            fn w_d(w: &$w) -> f16 {
+                w.d
+            }
+            #[inline]
+            fn w_m($mw: &$w) -> f16 {
+                $me
+            }
+            #[inline]
+            fn a_d(a: &$a) -> f16 {
+                a.d
+            }
+            #[inline]
+            fn a_s($sa: &$a) -> f16 {
+                $se
+            }
+        }
+    };
 }
 
-/// Q4_1 × Q8_1 (the `m * s` term is added by the tile).
-pub(super) struct Q4_1;
-
-impl Fmt for Q4_1 {
-    type W = BlockQ4_1;
-    type A = BlockQ8_1;
-    type WP = [i16x8; 4];
-    type AP = [i16x8; 4];
-    const HAS_MIN: bool = true;
-    #[inline]
-    fn prep_w(w: &BlockQ4_1) -> [i16x8; 4] {
-        split_nibbles(&w.qs)
-    }
-    #[inline]
-    fn prep_a(a: &BlockQ8_1) -> [i16x8; 4] {
-        split_i8(&a.qs)
-    }
-    #[inline]
-    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
-        dot4(w, a)
-    }
-    #[inline]
-    fn w_d(w: &BlockQ4_1) -> f16 {
-        w.d
-    }
-    #[inline]
-    fn w_m(w: &BlockQ4_1) -> f16 {
-        w.m
-    }
-    #[inline]
-    fn a_d(a: &BlockQ8_1) -> f16 {
-        a.d
-    }
-    #[inline]
-    fn a_s(a: &BlockQ8_1) -> f16 {
-        a.s
-    }
-}
-
-/// Q5_0 × Q8_0.
-pub(super) struct Q5_0;
-
-impl Fmt for Q5_0 {
-    type W = BlockQ5_0;
-    type A = BlockQ8_0;
-    type WP = [i16x8; 4];
-    type AP = [i16x8; 4];
-    const HAS_MIN: bool = false;
-    #[inline]
-    fn prep_w(w: &BlockQ5_0) -> [i16x8; 4] {
-        split_q5(&w.qs, w.qh).map(|v| v - i16x8::splat(16))
-    }
-    #[inline]
-    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
-        split_i8(&a.qs)
-    }
-    #[inline]
-    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
-        dot4(w, a)
-    }
-    #[inline]
-    fn w_d(w: &BlockQ5_0) -> f16 {
-        w.d
-    }
-    #[inline]
-    fn w_m(_: &BlockQ5_0) -> f16 {
-        f16::ZERO
-    }
-    #[inline]
-    fn a_d(a: &BlockQ8_0) -> f16 {
-        a.d
-    }
-    #[inline]
-    fn a_s(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
-    }
-}
-
-/// Q5_1 × Q8_1 (the `m * s` term is added by the tile).
-pub(super) struct Q5_1;
-
-impl Fmt for Q5_1 {
-    type W = BlockQ5_1;
-    type A = BlockQ8_1;
-    type WP = [i16x8; 4];
-    type AP = [i16x8; 4];
-    const HAS_MIN: bool = true;
-    #[inline]
-    fn prep_w(w: &BlockQ5_1) -> [i16x8; 4] {
-        split_q5(&w.qs, w.qh)
-    }
-    #[inline]
-    fn prep_a(a: &BlockQ8_1) -> [i16x8; 4] {
-        split_i8(&a.qs)
-    }
-    #[inline]
-    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
-        dot4(w, a)
-    }
-    #[inline]
-    fn w_d(w: &BlockQ5_1) -> f16 {
-        w.d
-    }
-    #[inline]
-    fn w_m(w: &BlockQ5_1) -> f16 {
-        w.m
-    }
-    #[inline]
-    fn a_d(a: &BlockQ8_1) -> f16 {
-        a.d
-    }
-    #[inline]
-    fn a_s(a: &BlockQ8_1) -> f16 {
-        a.s
-    }
-}
-
-/// Q8_0 × Q8_0.
-pub(super) struct Q8_0;
-
-impl Fmt for Q8_0 {
-    type W = BlockQ8_0;
-    type A = BlockQ8_0;
-    type WP = [i16x8; 4];
-    type AP = [i16x8; 4];
-    const HAS_MIN: bool = false;
-    #[inline]
-    fn prep_w(w: &BlockQ8_0) -> [i16x8; 4] {
-        split_i8(&w.qs)
-    }
-    #[inline]
-    fn prep_a(a: &BlockQ8_0) -> [i16x8; 4] {
-        split_i8(&a.qs)
-    }
-    #[inline]
-    fn isum(w: &[i16x8; 4], a: &[i16x8; 4]) -> i32x4 {
-        dot4(w, a)
-    }
-    #[inline]
-    fn w_d(w: &BlockQ8_0) -> f16 {
-        w.d
-    }
-    #[inline]
-    fn w_m(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
-    }
-    #[inline]
-    fn a_d(a: &BlockQ8_0) -> f16 {
-        a.d
-    }
-    #[inline]
-    fn a_s(_: &BlockQ8_0) -> f16 {
-        f16::ZERO
-    }
-}
+fmt!("Q4_0 × Q8_0.", Q4_0, BlockQ4_0, BlockQ8_0,
+    |w| split_nibbles(&w.qs).map(|v| v - i16x8::splat(8)),
+    min: false, |_| f16::ZERO, |_| f16::ZERO);
+fmt!("Q4_1 × Q8_1.", Q4_1, BlockQ4_1, BlockQ8_1,
+    |w| split_nibbles(&w.qs),
+    min: true, |w| w.m, |a| a.s);
+fmt!("Q5_0 × Q8_0.", Q5_0, BlockQ5_0, BlockQ8_0,
+    |w| split_q5(&w.qs, w.qh).map(|v| v - i16x8::splat(16)),
+    min: false, |_| f16::ZERO, |_| f16::ZERO);
+fmt!("Q5_1 × Q8_1.", Q5_1, BlockQ5_1, BlockQ8_1,
+    |w| split_q5(&w.qs, w.qh),
+    min: true, |w| w.m, |a| a.s);
+fmt!("Q8_0 × Q8_0.", Q8_0, BlockQ8_0, BlockQ8_0,
+    |w| split_i8(&w.qs),
+    min: false, |_| f16::ZERO, |_| f16::ZERO);
