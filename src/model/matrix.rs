@@ -136,7 +136,8 @@ pub struct Acts<'s> {
     pub f32: &'s [f32],
     pub q8_0: &'s [BlockQ8_0],
     pub q8_1: &'s [BlockQ8_1],
-    /// Empty unless the input's width is a whole number of 256-value blocks.
+    /// Empty unless a K-quant matrix reads this input (whose width is then whole 256-value
+    /// blocks: the loader checks the matrices).
     pub q8_k: &'s [BlockQ8K],
     pub n_tok: usize,
 }
@@ -153,8 +154,9 @@ pub type ActNeed = [bool; 3];
 
 impl ActScratch {
     /// Room for `max_tok` inputs of up to `max_cols` values in every format. (Q8_K's is
-    /// allocated whether or not the model has K-quant matrices: a few hundred KiB at most,
-    /// and [`ActScratch::bytes_for`] counts it.)
+    /// allocated whether or not the model has K-quant matrices: it is about the size of the
+    /// Q8_0 scratch, 292 bytes per 256 values against 34 per 32, and
+    /// [`ActScratch::bytes_for`] counts it.)
     pub fn new(max_tok: usize, max_cols: usize) -> ActScratch {
         let (blocks, k_blocks) = Self::blocks(max_tok, max_cols);
         ActScratch {
