@@ -321,8 +321,8 @@ pub struct MoreFormats {
     pub matmul_q6_k_q8_k: MatMulFn<BlockQ6K, BlockQ8K>,
 }
 
-/// The scalar references of [`MoreFormats`]: the table of every path for now (no path has
-/// fast versions of these yet; the engine runs them correctly, slowly).
+/// The scalar references of [`MoreFormats`], and the entries of each path that has no fast
+/// version of them yet (the K-quants on every path, Q5_* on x86).
 pub const MORE_REFERENCE: MoreFormats = MoreFormats {
     quantize_row_q8_k: r::quantize_row_q8_k_ref,
     vec_dot_q5_0_q8_0: r::vec_dot_q5_0_q8_0_ref,
@@ -478,20 +478,21 @@ pub trait WeightFormat: BlockFormat {
     fn matmul(k: &Kernels) -> MatMulFn<Self, Self::Activation>;
 }
 
+/// The fields are paths into [`Kernels`] (`more.vec_dot_q5_0_q8_0` for [`MoreFormats`]).
 macro_rules! weight_format {
-    ($w:ty, $q:ident, $dot:ident, $mv:ident, $mm:ident) => {
+    ($w:ty, $($q:ident).+, $($dot:ident).+, $($mv:ident).+, $($mm:ident).+) => {
         impl WeightFormat for $w {
             fn quantize_activation(k: &Kernels) -> QuantizeFn<Self::Activation> {
-                k.$q
+                k.$($q).+
             }
             fn vec_dot(k: &Kernels) -> VecDotFn<Self, Self::Activation> {
-                k.$dot
+                k.$($dot).+
             }
             fn matvec(k: &Kernels) -> MatVecFn<Self, Self::Activation> {
-                k.$mv
+                k.$($mv).+
             }
             fn matmul(k: &Kernels) -> MatMulFn<Self, Self::Activation> {
-                k.$mm
+                k.$($mm).+
             }
         }
     };
@@ -518,62 +519,38 @@ weight_format!(
     matmul_q8_0_q8_0
 );
 
-macro_rules! more_weight_format {
-    ($w:ty, $q:ident, $dot:ident, $mv:ident, $mm:ident) => {
-        impl WeightFormat for $w {
-            fn quantize_activation(k: &Kernels) -> QuantizeFn<Self::Activation> {
-                more_weight_format!(@act k, $q)
-            }
-            fn vec_dot(k: &Kernels) -> VecDotFn<Self, Self::Activation> {
-                k.more.$dot
-            }
-            fn matvec(k: &Kernels) -> MatVecFn<Self, Self::Activation> {
-                k.more.$mv
-            }
-            fn matmul(k: &Kernels) -> MatMulFn<Self, Self::Activation> {
-                k.more.$mm
-            }
-        }
-    };
-    (@act $k:ident, quantize_row_q8_k) => {
-        $k.more.quantize_row_q8_k
-    };
-    (@act $k:ident, $q:ident) => {
-        $k.$q
-    };
-}
-more_weight_format!(
+weight_format!(
     BlockQ5_0,
     quantize_row_q8_0,
-    vec_dot_q5_0_q8_0,
-    matvec_q5_0_q8_0,
-    matmul_q5_0_q8_0
+    more.vec_dot_q5_0_q8_0,
+    more.matvec_q5_0_q8_0,
+    more.matmul_q5_0_q8_0
 );
-more_weight_format!(
+weight_format!(
     BlockQ5_1,
     quantize_row_q8_1,
-    vec_dot_q5_1_q8_1,
-    matvec_q5_1_q8_1,
-    matmul_q5_1_q8_1
+    more.vec_dot_q5_1_q8_1,
+    more.matvec_q5_1_q8_1,
+    more.matmul_q5_1_q8_1
 );
-more_weight_format!(
+weight_format!(
     BlockQ4K,
-    quantize_row_q8_k,
-    vec_dot_q4_k_q8_k,
-    matvec_q4_k_q8_k,
-    matmul_q4_k_q8_k
+    more.quantize_row_q8_k,
+    more.vec_dot_q4_k_q8_k,
+    more.matvec_q4_k_q8_k,
+    more.matmul_q4_k_q8_k
 );
-more_weight_format!(
+weight_format!(
     BlockQ5K,
-    quantize_row_q8_k,
-    vec_dot_q5_k_q8_k,
-    matvec_q5_k_q8_k,
-    matmul_q5_k_q8_k
+    more.quantize_row_q8_k,
+    more.vec_dot_q5_k_q8_k,
+    more.matvec_q5_k_q8_k,
+    more.matmul_q5_k_q8_k
 );
-more_weight_format!(
+weight_format!(
     BlockQ6K,
-    quantize_row_q8_k,
-    vec_dot_q6_k_q8_k,
-    matvec_q6_k_q8_k,
-    matmul_q6_k_q8_k
+    more.quantize_row_q8_k,
+    more.vec_dot_q6_k_q8_k,
+    more.matvec_q6_k_q8_k,
+    more.matmul_q6_k_q8_k
 );
