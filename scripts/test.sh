@@ -5,7 +5,8 @@
 #   3. runs every test natively (x86_64), the real-model tests included,
 #   4. checks that the workspace builds with the minimum Rust version (rustup installs it), and
 #      the dependency tree's licences, bans and sources (cargo deny, deny.toml),
-#   5. runs the kernel and engine tests for aarch64 under qemu on three CPU models,
+#   5. runs the kernel and engine tests for aarch64 under qemu (every path on `max`; what the
+#      cortex-a53 and cortex-a76 models change, the path detection, on those),
 #   6. checks the Yocto layer and the Debian packages, and boots the emulated arm64 board
 #      (scripts/board-test.sh: its root filesystem is cached outside the repo).
 set -euo pipefail
@@ -88,14 +89,12 @@ echo "native kernel paths expected: ${expect:-(none beyond reference/portable)}"
 EDGELLM_EXPECT_PATHS=$expect \
 EDGELLM_IDS_OUT="$ids_x86" EDGELLM_KV_OUT="$kv_x86" cargo test --workspace
 
-# Type-checked, not built: a bench build is a release build with LTO of criterion and every
-# bench (five CI minutes); the benches are run by hand (bench/, docs/performance.md).
-step "benches compile (cargo check --benches)"
-cargo check --workspace --benches --quiet
-
 # Cargo.toml declares rust-version = "1.88" for Yocto's own Rust (wrynose ships >= 1.90): the
 # code and every crate Cargo.lock pins must build with it, not only with the newest rustc.
-step "minimum Rust version: the workspace checks with 1.88 and the committed Cargo.lock"
+# --all-targets: the benches too, type-checked and not built (a bench build is a release build
+# with LTO of criterion and every bench, five CI minutes; the benches are run by hand: bench/,
+# docs/performance.md). A check of them with the newest rustc as well cost two more minutes.
+step "minimum Rust version: the workspace and its benches check with 1.88 and the committed Cargo.lock"
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1 || rustup toolchain install "$msrv" --profile minimal
 CARGO_TARGET_DIR="$PWD/target/msrv" cargo "+$msrv" check --locked --workspace --all-targets --quiet
@@ -107,20 +106,26 @@ step "dependencies: cargo deny (licences, bans, sources; offline)"
 wait "$deny_pid" || { cat "$deny_log"; echo "cargo-deny could not be installed (above)" >&2; exit 1; }
 scripts/check-deps.sh
 
-step "aarch64 tests under qemu (kernels: cortex-a53, cortex-a76, max; engine: cortex-a53, max)"
-scripts/test-aarch64.sh -p kernels_neon --tests
+step "aarch64 tests under qemu (every kernel and engine path: max; path detection: cortex-a53, cortex-a76)"
+# qemu's TCG executes an instruction the same whichever -cpu model is named: the model decides
+# only which features the CPU reports, so which kernel paths exist. Every test walks every path
+# available (Path::available()), and on `max` that is all of them: neon, dotprod and i8mm, with
+# the portable path. Walking them again on cortex-a53 (neon) and cortex-a76 (neon, dotprod)
+# computed the same instructions twice more; there the detection is what differs, so that is
+# what runs: the paths each CPU must offer and must not offer, and forcing a missing one.
+EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh -p kernels_neon --tests
+EDGELLM_QEMU_CPUS="cortex-a53 cortex-a76" scripts/test-aarch64.sh -p kernels_neon --test dispatch_walk \
+    -- expected_paths_are_detected_on_this_cpu forcing_an_unknown_or_unavailable_path_is_a_clear_error
 # The engine's tests for aarch64 build edgellm's whole dependency tree (tokio, rustls, the
 # embedded broker, ...) a second time: half an hour of a loaded 2-core CI machine at opt-level 2.
 # Under qemu they run our own code (kernels, forward pass, snapshots, at the test profile's
-# opt-level 2), so the dependencies are built unoptimized: one tree for all four stages below.
+# opt-level 2), so the dependencies are built unoptimized: one tree for all the stages below.
 a64_edgellm=(-p edgellm --config 'profile.test.package."*".opt-level=0')
-# The synthetic engine on cortex-a53 (NEON) and max (dotprod and i8mm): the dotprod engine of a
-# cortex-a76 is the next stage's, the packed engines. (A third CPU here cost CI minutes of its
-# 90 and ran no other kernel.)
-EDGELLM_QEMU_CPUS="cortex-a53 max" scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test no_alloc
-# cortex-a53 has no packed products (engine_packed's by-hand packing is run natively already).
-step "aarch64: the packed dotprod and i8mm engines give the file layout's bits (qemu cortex-a76, max)"
-EDGELLM_QEMU_CPUS="cortex-a76 max" scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_packed
+# The synthetic engine and the packed dotprod and i8mm engines (the file layout's bits) on every
+# path (max, as above); the allocation-free decode on the best path of max (i8mm) and of a
+# cortex-a53 (neon).
+EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test engine_packed --test no_alloc
+EDGELLM_QEMU_CPUS=cortex-a53 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test no_alloc
 step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test session_store another_architecture
