@@ -1,4 +1,4 @@
-//! Per-block integer dot products of the three weight formats for groups of four weight rows
+//! Per-block integer dot products of the weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for groups of four weight rows
 //! against one activation block, behind one trait so that the register tiles in `matmul.rs`
 //! are written once.
 //!
@@ -10,7 +10,7 @@
 //! are exact, so the order inside them does not matter.
 
 use super::simd::{f16_to_f32, load_i8x32};
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, f16};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, f16};
 use std::arch::x86_64::*;
 
 /// A weight format as the AVX2 tiles see it.
@@ -170,8 +170,98 @@ unsafe fn isum_q4_vnni(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m
 /// `[A A C C | B B D D]` of two groups → `[A E C G | B F D H]`.
 const Q4_LANES: [[usize; 8]; 2] = [[0, 0, 2, 2, 1, 1, 3, 3], [0, 4, 2, 6, 1, 5, 3, 7]];
 
+/// Two Q4_0 or Q4_1 rows' nibbles ([`nibbles2`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q4<B: Nibbles>(a: &B, b: &B) -> (__m256i, __m256i) {
+    nibbles2(a.qs(), b.qs())
+}
+
+/// The blocks whose values are 4-bit nibbles, with a fifth bit for Q5.
+trait Nibbles {
+    fn qs(&self) -> &[u8; 16];
+}
+
+macro_rules! nibbles {
+    ($($b:ty),*) => {$(
+        impl Nibbles for $b {
+            #[inline]
+            fn qs(&self) -> &[u8; 16] {
+                &self.qs
+            }
+        }
+    )*};
+}
+nibbles!(BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1);
+
+/// The fifth bits of two Q5 rows as `0x10` bytes: `[A | B]` of values 0..16 (bits 0..16 of
+/// `qh`) and of 16..32 (bits 16..32), to be or-ed into [`nibbles2`]'s halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bits2(qa: [u8; 4], qb: [u8; 4]) -> (__m256i, __m256i) {
+    let h = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_set1_epi32(i32::from_le_bytes(qa))),
+        _mm_set1_epi32(i32::from_le_bytes(qb)),
+    );
+    // Byte k of a lane takes byte k / 8 of its `qh` (2 + k / 8 for the high half), then
+    // keeps bit k % 8 of it: equal to the bit's mask exactly when the bit is set.
+    let lo_bytes = _mm256_shuffle_epi8(
+        h,
+        _mm256_set_epi64x(0x0101_0101_0101_0101, 0, 0x0101_0101_0101_0101, 0),
+    );
+    let hi_bytes = _mm256_shuffle_epi8(
+        h,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+        ),
+    );
+    (fifth_bit(lo_bytes), fifth_bit(hi_bytes))
+}
+
+/// `0x10` in byte `k` where bit `k % 8` of byte `k` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bit(v: __m256i) -> __m256i {
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Two Q5_0 or Q5_1 rows' values (0..32): the nibbles with their fifth bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn unpack_q5<B: Nibbles + FifthBits>(a: &B, b: &B) -> (__m256i, __m256i) {
+    let (lo, hi) = nibbles2(a.qs(), b.qs());
+    let (h_lo, h_hi) = fifth_bits2(a.qh(), b.qh());
+    (_mm256_or_si256(lo, h_lo), _mm256_or_si256(hi, h_hi))
+}
+
+/// The Q5 blocks' fifth bits, value `j`'s at bit `j` of the little-endian `qh`.
+trait FifthBits {
+    fn qh(&self) -> [u8; 4];
+}
+
+impl FifthBits for BlockQ5_0 {
+    #[inline]
+    fn qh(&self) -> [u8; 4] {
+        self.qh
+    }
+}
+
+impl FifthBits for BlockQ5_1 {
+    #[inline]
+    fn qh(&self) -> [u8; 4] {
+        self.qh
+    }
+}
+
+/// What the 4- and 5-bit formats share: a group is two pairs of rows unpacked by `$unpack`
+/// into unsigned values (`[A | B]` of values 0..16 and of 16..32), reduced by [`isum_q4`].
 macro_rules! q4_common {
-    ($w:ty) => {
+    ($w:ty, $unpack:ident) => {
         type GP = [__m256i; 4];
         type AP = (__m256i, __m256i);
         const LANES: [[usize; 8]; 2] = Q4_LANES;
@@ -179,8 +269,8 @@ macro_rules! q4_common {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn prep_group(w: [&$w; 4]) -> [__m256i; 4] {
-            let (ab_lo, ab_hi) = nibbles2(&w[0].qs, &w[1].qs);
-            let (cd_lo, cd_hi) = nibbles2(&w[2].qs, &w[3].qs);
+            let (ab_lo, ab_hi) = $unpack(w[0], w[1]);
+            let (cd_lo, cd_hi) = $unpack(w[2], w[3]);
             [ab_lo, ab_hi, cd_lo, cd_hi]
         }
         #[inline]
@@ -215,7 +305,7 @@ impl Fmt for Q4_0 {
     type A = BlockQ8_0;
     const HAS_MIN: bool = false;
     const HAS_CORR: bool = true;
-    q4_common!(BlockQ4_0);
+    q4_common!(BlockQ4_0, unpack_q4);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -259,7 +349,7 @@ impl Fmt for Q4_1 {
     type A = BlockQ8_1;
     const HAS_MIN: bool = true;
     const HAS_CORR: bool = false;
-    q4_common!(BlockQ4_1);
+    q4_common!(BlockQ4_1, unpack_q4);
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -268,6 +358,90 @@ impl Fmt for Q4_1 {
     }
     #[inline]
     fn w_m(w: &BlockQ4_1) -> f16 {
+        w.m
+    }
+    /// `(d, s)`.
+    type AS = (f32, f32);
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_1) -> (f32, f32) {
+        (f16_to_f32(a.d), f16_to_f32(a.s))
+    }
+    #[inline]
+    fn as_d(s: &(f32, f32)) -> f32 {
+        s.0
+    }
+    #[inline]
+    fn as_s(s: &(f32, f32)) -> f32 {
+        s.1
+    }
+    #[inline]
+    fn as_corr(_: &(f32, f32)) -> i32 {
+        0
+    }
+}
+
+/// Q5_0 × Q8_0: as [`Q4_0`], with the values 0..32 and `16 * sum(y)` subtracted. `maddubs`
+/// cannot saturate: a lane of [`isum_q4`]'s i16 sums adds four products of at most 31 * 128.
+pub(super) struct Q5_0;
+
+impl Fmt for Q5_0 {
+    type W = BlockQ5_0;
+    type A = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    const HAS_CORR: bool = true;
+    q4_common!(BlockQ5_0, unpack_q5);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_a(a: &BlockQ8_0) -> (__m256i, __m256i) {
+        act_halves(&a.qs)
+    }
+    #[inline]
+    fn w_m(_: &BlockQ5_0) -> f16 {
+        f16::ZERO
+    }
+    /// `(d, 16 * sum(y))`.
+    type AS = (f32, i32);
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn a_scalars(a: &BlockQ8_0) -> (f32, i32) {
+        (
+            f16_to_f32(a.d),
+            16 * a.qs.iter().map(|&v| i32::from(v)).sum::<i32>(),
+        )
+    }
+    #[inline]
+    fn as_d(s: &(f32, i32)) -> f32 {
+        s.0
+    }
+    #[inline]
+    fn as_s(_: &(f32, i32)) -> f32 {
+        0.0
+    }
+    #[inline]
+    fn as_corr(s: &(f32, i32)) -> i32 {
+        s.1
+    }
+}
+
+/// Q5_1 × Q8_1: as [`Q4_1`], with the values 0..32.
+pub(super) struct Q5_1;
+
+impl Fmt for Q5_1 {
+    type W = BlockQ5_1;
+    type A = BlockQ8_1;
+    const HAS_MIN: bool = true;
+    const HAS_CORR: bool = false;
+    q4_common!(BlockQ5_1, unpack_q5);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prep_a(a: &BlockQ8_1) -> (__m256i, __m256i) {
+        act_halves(&a.qs)
+    }
+    #[inline]
+    fn w_m(w: &BlockQ5_1) -> f16 {
         w.m
     }
     /// `(d, s)`.

@@ -9,9 +9,9 @@
 //! it came through `vec_dot`, `matvec` or `matmul`: edges use smaller instances of the same
 //! tile (a group padded with zero rows, fewer tokens).
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0, Q8_0Vnni, Vnni, dpbusd};
+use super::dot::{Fmt, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_0Vnni, Vnni, dpbusd};
 use super::simd::{load_i8x32, load_ps, store_ps};
-use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -625,6 +625,24 @@ kernels!(
 );
 kernels!(
     "AVX2",
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    vec_dot_q5_0_q8_0,
+    matvec_q5_0_q8_0,
+    matmul_q5_0_q8_0
+);
+kernels!(
+    "AVX2",
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    vec_dot_q5_1_q8_1,
+    matvec_q5_1_q8_1,
+    matmul_q5_1_q8_1
+);
+kernels!(
+    "AVX2",
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
@@ -634,8 +652,8 @@ kernels!(
 );
 
 /// The matrix-matrix products with the integer sums through `vpdpbusd`, for the
-/// `avx512vnni` table: Q4_0's and Q8_0's on repacked weights ([`run_repacked`]), Q4_1's on
-/// the tile. (`vec_dot` and `matvec` stay AVX2's: decoding is bound by memory, and the
+/// `avx512vnni` table: Q4_0's and Q8_0's on repacked weights ([`run_repacked`]), Q4_1's,
+/// Q5_0's and Q5_1's on the tile. (`vec_dot` and `matvec` stay AVX2's: decoding is bound by memory, and the
 /// `vpdpbusd` chain measured no faster there.)
 pub(crate) mod vnni {
     use super::*;
@@ -654,6 +672,24 @@ pub(crate) mod vnni {
         BlockQ4_1,
         BlockQ8_1,
         matmul_q4_1_q8_1,
+        VNNI_MM_GROUPS,
+        VNNI_MM_TOKS
+    );
+    kernels!(
+        @mm "AVX2 + AVX512-VNNI",
+        Vnni<Q5_0>,
+        BlockQ5_0,
+        BlockQ8_0,
+        matmul_q5_0_q8_0,
+        VNNI_MM_GROUPS,
+        VNNI_MM_TOKS
+    );
+    kernels!(
+        @mm "AVX2 + AVX512-VNNI",
+        Vnni<Q5_1>,
+        BlockQ5_1,
+        BlockQ8_1,
+        matmul_q5_1_q8_1,
         VNNI_MM_GROUPS,
         VNNI_MM_TOKS
     );

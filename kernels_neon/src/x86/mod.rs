@@ -9,7 +9,7 @@
 //! depends on build-time CPU flags.
 //!
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
-//! - `dot`: integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q8_0 for groups of four
+//! - `dot`: integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 for groups of four
 //!   weight rows, reduced together.
 //! - `matmul`: one register tile for `vec_dot`, `matvec` (8 rows per pass, weights
 //!   prefetched) and `matmul` (8 rows × 3 tokens), with a row's result independent of the
@@ -43,9 +43,9 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::dispatch::{Kernels, Path};
+use crate::dispatch::{Kernels, MORE_REFERENCE, MoreFormats, Path};
 
-/// The AVX2 table. Every kernel has a fast version.
+/// The AVX2 table. Every kernel has a fast version but the K-quants' (`MoreFormats`).
 pub(crate) const AVX2: Kernels = Kernels {
     path: Path::Avx2,
     quantize_row_q8_0: quant::quantize_row_q8_0,
@@ -60,8 +60,16 @@ pub(crate) const AVX2: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
-    // Not yet faster than the references (#18).
-    more: crate::dispatch::MORE_REFERENCE,
+    // The K-quants are not yet faster than the references (#18).
+    more: MoreFormats {
+        vec_dot_q5_0_q8_0: matmul::vec_dot_q5_0_q8_0,
+        vec_dot_q5_1_q8_1: matmul::vec_dot_q5_1_q8_1,
+        matvec_q5_0_q8_0: matmul::matvec_q5_0_q8_0,
+        matvec_q5_1_q8_1: matmul::matvec_q5_1_q8_1,
+        matmul_q5_0_q8_0: matmul::matmul_q5_0_q8_0,
+        matmul_q5_1_q8_1: matmul::matmul_q5_1_q8_1,
+        ..MORE_REFERENCE
+    },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
@@ -91,5 +99,10 @@ pub(crate) const AVX512VNNI: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::vnni::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::vnni::matmul_q8_0_q8_0,
     packed: Some(packed::PACKED),
+    more: MoreFormats {
+        matmul_q5_0_q8_0: matmul::vnni::matmul_q5_0_q8_0,
+        matmul_q5_1_q8_1: matmul::vnni::matmul_q5_1_q8_1,
+        ..AVX2.more
+    },
     ..AVX2
 };
