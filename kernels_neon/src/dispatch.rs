@@ -269,8 +269,10 @@ pub struct Kernels {
     /// `(x, w, eps, out)`: RMSNorm times the norm weight.
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
-    /// `(gate, up, out)`.
+    /// `(gate, up, out)`: SwiGLU.
     pub silu_mul: fn(&[f32], &[f32], &mut [f32]),
+    /// `(gate, up, out)`: GeGLU, GELU's tanh approximation (Gemma).
+    pub gelu_mul: fn(&[f32], &[f32], &mut [f32]),
     /// `(x, head_dim, cos_sin)`.
     pub rope_norm: fn(&mut [f32], usize, &[f32]),
     pub rope_neox: fn(&mut [f32], usize, &[f32]),
@@ -417,6 +419,7 @@ pub const REFERENCE: Kernels = Kernels {
     rms_norm: r::rms_norm_ref,
     softmax: r::softmax_ref,
     silu_mul: r::silu_mul_ref,
+    gelu_mul: r::gelu_mul_ref,
     rope_norm: r::rope_norm_ref,
     rope_neox: r::rope_neox_ref,
     add: r::add_ref,

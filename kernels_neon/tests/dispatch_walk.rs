@@ -329,6 +329,7 @@ fn check_kernels(k: &Kernels) {
         rms_norm,
         softmax,
         silu_mul,
+        gelu_mul,
         rope_norm,
         rope_neox,
         add,
@@ -364,6 +365,27 @@ fn check_kernels(k: &Kernels) {
     }
     check_more_formats(p, &more);
 
+    // The gated units far out on both sides, where `exp` overflows or underflows (a lane of
+    // each chunk and of the tail): finite, and as the reference.
+    let far = [
+        -1e4, -100.0, -20.0, -10.0, -1e-30, 0.0, 1e-30, 10.0, 20.0, 100.0, 1e4, -88.0, 88.0,
+    ];
+    let ones = [1.0; 13];
+    for (name, f, reference) in [
+        (
+            "silu_mul",
+            silu_mul,
+            r::silu_mul_ref as fn(&[f32], &[f32], &mut [f32]),
+        ),
+        ("gelu_mul", gelu_mul, r::gelu_mul_ref),
+    ] {
+        let (mut got, mut want) = ([0.0; 13], [0.0; 13]);
+        f(&far, &ones, &mut got);
+        reference(&far, &ones, &mut want);
+        assert!(got.iter().all(|v| v.is_finite()), "{p}/{name} far: {got:?}");
+        assert_all_close(&format!("{p}/{name} far"), &got, &want, OPS_REL);
+    }
+
     for &n in &LENS {
         let x = f32_vec(n, n as u64 + 1, 2.0);
         let w = f32_vec(n, n as u64 + 2, 1.0);
@@ -375,6 +397,9 @@ fn check_kernels(k: &Kernels) {
         silu_mul(&x, &w, &mut got);
         r::silu_mul_ref(&x, &w, &mut want);
         assert_all_close(&format!("{p}/silu_mul n={n}"), &got, &want, OPS_REL);
+        gelu_mul(&x, &w, &mut got);
+        r::gelu_mul_ref(&x, &w, &mut want);
+        assert_all_close(&format!("{p}/gelu_mul n={n}"), &got, &want, OPS_REL);
 
         let (mut got, mut want) = (x.clone(), x.clone());
         add(&mut got, &w);
@@ -823,6 +848,7 @@ fn check_reference_ops(k: &Kernels) {
         rms_norm,
         softmax,
         silu_mul,
+        gelu_mul,
         rope_norm,
         rope_neox,
         add,
@@ -880,6 +906,13 @@ fn check_reference_ops(k: &Kernels) {
             let g = x[i] as f64;
             let want = g / (1.0 + (-g).exp()) * w[i] as f64;
             assert_near(&what("silu_mul", i), out[i], want, rel(want));
+        }
+        gelu_mul(&x, &w, &mut out);
+        for i in 0..n {
+            let g = x[i] as f64;
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            let want = 0.5 * g * (1.0 + u.tanh()) * w[i] as f64;
+            assert_near(&what("gelu_mul", i), out[i], want, rel(want));
         }
         let mut sm = x.clone();
         softmax(&mut sm);

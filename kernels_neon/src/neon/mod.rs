@@ -60,6 +60,7 @@ pub(crate) const NEON: Kernels = Kernels {
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
+    gelu_mul: ops::gelu_mul,
     rope_norm: ops::rope_norm,
     rope_neox: ops::rope_neox,
     add: ops::add,

@@ -9,7 +9,7 @@
 use super::fp16::{f2h, f2h_x8, h2f, h2f_hi, h2f_lo, load_h8, store_h8};
 use crate::attn;
 use crate::block::f16;
-use crate::reference::check_rope;
+use crate::reference::{GELU_2C0, GELU_2C1, check_rope};
 use core::arch::aarch64::*;
 
 #[inline(always)]
@@ -147,21 +147,48 @@ fn silu_x4(g: float32x4_t, u: float32x4_t) -> float32x4_t {
 
 /// SwiGLU: `out = gate / (1 + exp(-gate)) * up`.
 pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, silu_x4);
+}
+
+/// `gelu_tanh(g) * u` on four lanes in the reference's order, unfused (see
+/// `reference::gelu_mul_ref`).
+#[inline(always)]
+fn gelu_x4(g: float32x4_t, u: float32x4_t) -> float32x4_t {
+    // SAFETY: NEON register intrinsics (NEON is part of the aarch64 baseline).
+    unsafe {
+        let c = vaddq_f32(
+            vdupq_n_f32(GELU_2C0),
+            vmulq_f32(vdupq_n_f32(GELU_2C1), vmulq_f32(g, g)),
+        );
+        let neg_t = vnegq_f32(vmulq_f32(g, c));
+        let den = vaddq_f32(vdupq_n_f32(1.0), exp_x4(neg_t));
+        vmulq_f32(vdivq_f32(g, den), u)
+    }
+}
+
+/// GeGLU: `out = gelu_tanh(gate) * up`.
+pub(crate) fn gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, gelu_x4);
+}
+
+/// A gated linear unit, four lanes at a time.
+#[inline(always)]
+fn glu(gate: &[f32], up: &[f32], out: &mut [f32], f: fn(float32x4_t, float32x4_t) -> float32x4_t) {
     assert!(
         gate.len() == up.len() && gate.len() == out.len(),
-        "silu_mul: length mismatch"
+        "glu: length mismatch"
     );
     let (gc, gt) = gate.as_chunks::<4>();
     let (uc, ut) = up.as_chunks::<4>();
     let (oc, ot) = out.as_chunks_mut::<4>();
     for ((o, g), u) in oc.iter_mut().zip(gc).zip(uc) {
-        st(o, silu_x4(ld(g), ld(u)));
+        st(o, f(ld(g), ld(u)));
     }
     if !gt.is_empty() {
         let (mut g, mut u, mut o) = ([0.0f32; 4], [0.0f32; 4], [0.0f32; 4]);
         g[..gt.len()].copy_from_slice(gt);
         u[..ut.len()].copy_from_slice(ut);
-        st(&mut o, silu_x4(ld(&g), ld(&u)));
+        st(&mut o, f(ld(&g), ld(&u)));
         ot.copy_from_slice(&o[..ot.len()]);
     }
 }

@@ -47,6 +47,7 @@ pub(crate) const TABLE: Kernels = Kernels {
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
+    gelu_mul: ops::gelu_mul,
     // Interleaved pairs need lane swaps `wide` does not offer; built from arrays they were
     // slower than the reference's plain loop, which the compiler vectorises well enough.
     rope_norm: crate::reference::rope_norm_ref,

@@ -7,6 +7,7 @@
 use super::simd::{exp8, f16_to_f32, f16x8_to_f32x8, f32x8_to_f16x8};
 use crate::block::f16;
 use crate::reference::check_rope;
+use crate::reference::{GELU_2C0, GELU_2C1};
 use wide::f32x8;
 
 #[inline]
@@ -117,18 +118,36 @@ fn silu_mul8(g: f32x8, u: f32x8) -> f32x8 {
 
 /// `out = gate / (1 + exp(-gate)) * up`.
 pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, silu_mul8);
+}
+
+/// `gelu_tanh(g) * u` in the reference's order (see `reference::gelu_mul_ref`).
+#[inline]
+fn gelu_mul8(g: f32x8, u: f32x8) -> f32x8 {
+    let t = g * (f32x8::splat(GELU_2C0) + f32x8::splat(GELU_2C1) * (g * g));
+    g / (f32x8::splat(1.0) + exp8(-t)) * u
+}
+
+/// GeGLU: `out = gelu_tanh(gate) * up`.
+pub(crate) fn gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, gelu_mul8);
+}
+
+/// A gated linear unit, eight lanes at a time.
+#[inline(always)]
+fn glu(gate: &[f32], up: &[f32], out: &mut [f32], f: fn(f32x8, f32x8) -> f32x8) {
     assert!(
         gate.len() == up.len() && gate.len() == out.len(),
-        "silu_mul: length mismatch"
+        "glu: length mismatch"
     );
     let (gc, gt) = gate.as_chunks::<8>();
     let (uc, ut) = up.as_chunks::<8>();
     let (oc, ot) = out.as_chunks_mut::<8>();
     for ((o, g), u) in oc.iter_mut().zip(gc).zip(uc) {
-        *o = silu_mul8(ld(g), ld(u)).to_array();
+        *o = f(ld(g), ld(u)).to_array();
     }
     if !gt.is_empty() {
-        st_tail(ot, silu_mul8(ld_tail(gt, 0.0), ld_tail(ut, 0.0)));
+        st_tail(ot, f(ld_tail(gt, 0.0), ld_tail(ut, 0.0)));
     }
 }
 

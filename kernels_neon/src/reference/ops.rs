@@ -47,6 +47,26 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `2·√(2/π)` and `2·√(2/π)·0.044715`: GELU's tanh approximation as a sigmoid,
+/// `0.5·(1 + tanh(u)) = 1 / (1 + exp(-2u))`, `u = √(2/π)·(g + 0.044715·g³)`, so GeGLU runs on
+/// the same `exp` as SwiGLU on every path.
+pub const GELU_2C0: f32 = 1.595_769_1;
+pub const GELU_2C1: f32 = 0.071_354_816;
+
+/// GeGLU (Gemma): `out = gelu_tanh(gate) * up`, computed as
+/// `g / (1 + exp(-(g · (GELU_2C0 + GELU_2C1 · g · g)))) * u`, each step rounded to f32 in that
+/// order (the fast paths follow it, so only `exp` differs between them).
+pub fn gelu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && gate.len() == out.len(),
+        "gelu_mul: length mismatch"
+    );
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let t = g * (GELU_2C0 + GELU_2C1 * (g * g));
+        *o = g / (1.0 + (-t).exp()) * u;
+    }
+}
+
 pub fn check_rope(x: &[f32], head_dim: usize, cs: &[f32]) {
     assert!(
         head_dim > 0 && x.len().is_multiple_of(head_dim),

@@ -9,7 +9,7 @@ use super::simd::{
     acc_pd, exp_ps, hmax_ps, hsum_pd, hsum_ps, load_ph, load_ps, store_ph, store_ps,
 };
 use crate::block::f16;
-use crate::reference::check_rope;
+use crate::reference::{GELU_2C0, GELU_2C1, check_rope};
 use std::arch::x86_64::*;
 
 avx2_entry!(
@@ -23,6 +23,10 @@ avx2_entry!(
 avx2_entry!(
     /// `out = gate / (1 + exp(-gate)) * up`.
     silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) => silu_mul_body
+);
+avx2_entry!(
+    /// `out = gelu_tanh(gate) * up`.
+    gelu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) => gelu_mul_body
 );
 avx2_entry!(
     /// RoPE on adjacent pairs.
@@ -162,18 +166,44 @@ fn silu_mul8(g: __m256, u: __m256) -> __m256 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn silu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, |g, u| silu_mul8(g, u));
+}
+
+/// `gelu_tanh(g) * u` in the reference's order, unfused (see `reference::gelu_mul_ref`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gelu_mul8(g: __m256, u: __m256) -> __m256 {
+    let g2 = _mm256_mul_ps(g, g);
+    let c = _mm256_add_ps(
+        _mm256_set1_ps(GELU_2C0),
+        _mm256_mul_ps(_mm256_set1_ps(GELU_2C1), g2),
+    );
+    let neg_t = _mm256_xor_ps(_mm256_mul_ps(g, c), _mm256_set1_ps(-0.0));
+    let den = _mm256_add_ps(_mm256_set1_ps(1.0), exp_ps(neg_t));
+    _mm256_mul_ps(_mm256_div_ps(g, den), u)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gelu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    glu(gate, up, out, |g, u| gelu_mul8(g, u));
+}
+
+/// A gated linear unit, eight lanes at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn glu(gate: &[f32], up: &[f32], out: &mut [f32], f: impl Fn(__m256, __m256) -> __m256) {
     assert!(
         gate.len() == up.len() && gate.len() == out.len(),
-        "silu_mul: length mismatch"
+        "glu: length mismatch"
     );
     let (gc, gt) = gate.as_chunks::<8>();
     let (uc, ut) = up.as_chunks::<8>();
     let (oc, ot) = out.as_chunks_mut::<8>();
     for ((o, g), u) in oc.iter_mut().zip(gc).zip(uc) {
-        store_ps(o, silu_mul8(load_ps(g), load_ps(u)));
+        store_ps(o, f(load_ps(g), load_ps(u)));
     }
     if !gt.is_empty() {
-        store_tail(ot, silu_mul8(load_tail(gt, 0.0), load_tail(ut, 0.0)));
+        store_tail(ot, f(load_tail(gt, 0.0), load_tail(ut, 0.0)));
     }
 }
 
