@@ -55,7 +55,7 @@ const FORWARD_OPS: [&str; 16] = [
     "residual_add",
     "ffn_gate",
     "ffn_up",
-    "silu_mul",
+    "glu",
     "ffn_down",
     "output",
 ];

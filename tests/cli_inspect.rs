@@ -296,14 +296,14 @@ fn inspect_answers_metadata_whose_sizes_would_overflow_without_panicking() {
 #[test]
 fn inspect_describes_an_architecture_it_cannot_run() {
     let dir = tempfile::tempdir().unwrap();
-    let p = shape_only(dir.path(), "gemma3", 64);
+    let p = shape_only(dir.path(), "phi3", 64);
     let o = edgellm(&["inspect", "-m", p.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let s = stdout(&o);
     for want in [
         "64 layers, embd 64, heads 64 (kv 64), head dim 64, ffn 64, vocab 4",
         "train context: 64",
-        "runnable:      no: architecture 'gemma3' is not supported",
+        "runnable:      no: architecture 'phi3' is not supported (edgellm runs llama, qwen2, mistral, gemma3 graphs)",
         "memory at ctx 2048 (chunk 64):",
     ] {
         assert!(s.contains(want), "missing {want:?} in:\n{s}");

@@ -69,7 +69,7 @@ fn every_op_is_counted_once_per_layer_and_pass_and_fits_in_the_wall_time() {
             "lm head bytes"
         );
         assert_eq!(calls(Op::Embed), passes);
-        for op in [Op::Attention, Op::Rope, Op::KvStore, Op::SiluMul] {
+        for op in [Op::Attention, Op::Rope, Op::KvStore, Op::Glu] {
             assert_eq!(calls(op), nl * passes, "{threads}t: {op:?}");
         }
         assert_eq!(calls(Op::Residual), 2 * nl * passes);

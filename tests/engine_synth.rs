@@ -74,6 +74,18 @@ fn specs() -> Vec<SynthSpec> {
         seed: 9,
         ..Default::default()
     });
+    // Gemma 3: q/k norms, post norms, GeGLU, scaled embedding, a window of 4 on layers 0-4 (the
+    // prompts are 20+ tokens) and wider heads than n_embd / n_head.
+    v.push(SynthSpec::gemma3());
+    v.push(SynthSpec {
+        weight_type: GgmlType::Q8_0,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: Some(32),
+        sliding_window: 7,
+        seed: 21,
+        ..SynthSpec::gemma3()
+    });
     v
 }
 

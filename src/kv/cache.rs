@@ -290,13 +290,23 @@ impl KvCache {
     }
 
     /// The scores of the query heads `q` (`heads × head_dim`) that share KV head `g`:
-    /// `out[h·n + j] = scale · q_h · K[l][j][g]` for positions `j in 0..n`,
-    /// `n = out.len() / heads`.
-    pub fn scores(&self, k: &Kernels, l: usize, g: usize, q: &[f32], scale: f32, out: &mut [f32]) {
+    /// `out[h·n + j] = scale · q_h · K[l][first + j][g]` for `j in 0..n`,
+    /// `n = out.len() / heads` (`first` > 0: a sliding window's oldest position).
+    #[allow(clippy::too_many_arguments)] // a kernel's operands
+    pub fn scores(
+        &self,
+        k: &Kernels,
+        l: usize,
+        g: usize,
+        first: usize,
+        q: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
         let hd = self.head_dim;
         let heads = q.len() / hd;
         let n = out.len() / heads.max(1);
-        let a = self.at(l, g, 0);
+        let a = self.at(l, g, first);
         let r = a..a + n * hd;
         match &self.store {
             Store::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, heads, scale, out),
@@ -310,13 +320,21 @@ impl KvCache {
         }
     }
 
-    /// `out_h += Σ_j p[h·n + j] · V[l][j][g]` for the query heads sharing KV head `g`
+    /// `out_h += Σ_j p[h·n + j] · V[l][first + j][g]` for the query heads sharing KV head `g`
     /// (`out`: `heads × head_dim`, `n = p.len() / heads`).
-    pub fn mix_values(&self, k: &Kernels, l: usize, g: usize, p: &[f32], out: &mut [f32]) {
+    pub fn mix_values(
+        &self,
+        k: &Kernels,
+        l: usize,
+        g: usize,
+        first: usize,
+        p: &[f32],
+        out: &mut [f32],
+    ) {
         let hd = self.head_dim;
         let heads = out.len() / hd;
         let n = p.len() / heads.max(1);
-        let a = self.at(l, g, 0);
+        let a = self.at(l, g, first);
         let r = a..a + n * hd;
         match &self.store {
             Store::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, heads, out),
@@ -507,38 +525,50 @@ mod tests {
     /// A head attends over its own keys and values, position by position.
     #[test]
     fn scores_and_mix_read_the_head_they_are_asked_for() {
-        for ty in [KvType::F32, KvType::F16] {
+        // `first` > 0 is a sliding window: positions first..5 only.
+        for (ty, first) in [
+            (KvType::F32, 0),
+            (KvType::F16, 0),
+            (KvType::F32, 2),
+            (KvType::F16, 3),
+        ] {
             let c = filled(ty, 7, 5);
+            let n = 5 - first;
             let q = [1.0, -2.0, 0.5, 0.25];
+            let p = &[0.1, 0.2, 0.3, 0.15, 0.25][..n];
             for l in 0..L {
                 for g in 0..HKV {
-                    let mut s = [0.0f32; 5];
-                    c.scores(&REFERENCE, l, g, &q, 0.5, &mut s);
-                    let p = [0.1, 0.2, 0.3, 0.15, 0.25];
+                    let mut s = vec![0.0f32; n];
+                    c.scores(&REFERENCE, l, g, first, &q, 0.5, &mut s);
                     let mut o = [0.0f32; HD];
-                    c.mix_values(&REFERENCE, l, g, &p, &mut o);
-                    for (pos, &sp) in s.iter().enumerate() {
+                    c.mix_values(&REFERENCE, l, g, first, p, &mut o);
+                    for (j, &sp) in s.iter().enumerate() {
+                        let pos = first + j;
                         let k: Vec<f32> = (0..HD).map(|i| val(0, l, pos, g * HD + i)).collect();
                         let dot: f32 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
                         assert_eq!(sp, dot * 0.5, "{ty} l={l} g={g} pos={pos}");
                     }
                     // Two query heads of a group at once: each gets what it gets alone.
                     let q2: Vec<f32> = q.iter().chain(&q.map(|x| -3.0 * x)).copied().collect();
-                    let mut s2 = [0.0f32; 10];
-                    c.scores(&REFERENCE, l, g, &q2, 0.5, &mut s2);
-                    let mut alone = [0.0f32; 5];
-                    c.scores(&REFERENCE, l, g, &q2[HD..], 0.5, &mut alone);
-                    assert_eq!((&s2[..5], &s2[5..]), (&s[..], &alone[..]), "{ty} scores x2");
-                    let p2: Vec<f32> = p.iter().chain(&p.map(|x| x / 2.0)).copied().collect();
+                    let mut s2 = vec![0.0f32; 2 * n];
+                    c.scores(&REFERENCE, l, g, first, &q2, 0.5, &mut s2);
+                    let mut alone = vec![0.0f32; n];
+                    c.scores(&REFERENCE, l, g, first, &q2[HD..], 0.5, &mut alone);
+                    assert_eq!((&s2[..n], &s2[n..]), (&s[..], &alone[..]), "{ty} scores x2");
+                    let p2: Vec<f32> = p
+                        .iter()
+                        .chain(&p.iter().map(|x| x / 2.0).collect::<Vec<_>>())
+                        .copied()
+                        .collect();
                     let mut o2 = [0.0f32; 2 * HD];
-                    c.mix_values(&REFERENCE, l, g, &p2, &mut o2);
+                    c.mix_values(&REFERENCE, l, g, first, &p2, &mut o2);
                     let mut alone = [0.0f32; HD];
-                    c.mix_values(&REFERENCE, l, g, &p2[5..], &mut alone);
+                    c.mix_values(&REFERENCE, l, g, first, &p2[n..], &mut alone);
                     assert_eq!((&o2[..HD], &o2[HD..]), (&o[..], &alone[..]), "{ty} mix x2");
                     for (i, &oi) in o.iter().enumerate() {
                         let mut want = 0.0f32;
-                        for (pos, &w) in p.iter().enumerate() {
-                            want += w * val(1, l, pos, g * HD + i);
+                        for (j, &w) in p.iter().enumerate() {
+                            want += w * val(1, l, first + j, g * HD + i);
                         }
                         assert_eq!(oi, want, "{ty} l={l} g={g} [{i}]");
                     }

@@ -2,15 +2,19 @@
 //!
 //! Shapes (d = n_embd, qd = n_head·head_dim, kvd = n_head_kv·head_dim, T = tokens in chunk):
 //! ```text
-//! x[T][d] = embed(tokens)
+//! x[T][d] = embed(tokens) (· √d for Gemma)
 //! per layer:  xn = rmsnorm(x)·attn_norm            [T][d]
 //!             q,k,v = xn·Wq, xn·Wk, xn·Wv (+bias)   [T][qd], [T][kvd], [T][kvd]
+//!             (Gemma: q, k = rmsnorm(q, k)·q_norm, k_norm per head)
 //!             rope(q, k) at positions pos0..pos0+T; K/V rows → cache[layer][pos]
-//!             att[t][h] = softmax(q[t][h]·K[0..=pos]ᵀ / √hd) · V   [T][qd]
-//!             x += att·Wo;  xn = rmsnorm(x)·ffn_norm
-//!             x += (silu(xn·Wgate) ⊙ xn·Wup)·Wdown
+//!             att[t][h] = softmax(q[t][h]·K[first..=pos]ᵀ / √hd) · V   [T][qd]
+//!             o = att·Wo (Gemma: o = rmsnorm(o)·post_attention_norm);  x += o
+//!             xn = rmsnorm(x)·ffn_norm
+//!             f = (act(xn·Wgate) ⊙ xn·Wup)·Wdown (Gemma: f = rmsnorm(f)·post_ffw_norm); x += f
 //! logits = rmsnorm(x[T-1])·output_norm · Woutput   [vocab]
 //! ```
+//! `act` is SiLU, or tanh-GELU for Gemma; `first` is 0, or on Gemma's sliding-window layers
+//! the oldest position in the window (which also have their own RoPE base).
 //! Matrix products run on the pool, split by rows; attention is split by (token, KV head).
 //! Every row and every head is computed whole by one thread, so logits do not depend on the
 //! thread count. Nothing here allocates.
@@ -18,7 +22,7 @@
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
 use super::matrix::{ActKind, ActNeed, ActScratch, Mat, matmul, transpose_into};
-use super::{HParams, Model, RopeType};
+use super::{FfnAct, HParams, Model, RopeType};
 use crate::kv::KvCache;
 use crate::runtime::{Op, Pool, Profile};
 use kernels_neon::Kernels;
@@ -56,6 +60,8 @@ pub struct Arena {
     acts: ActScratch,
     /// `[n_ctx][n_rot / 2][cos, sin]` the rotation of every position and rotated pair.
     rope: Vec<f32>,
+    /// The same for the sliding-window layers' base (empty without a sliding window).
+    rope_local: Vec<f32>,
     /// `[n_vocab]` logits of the last token of the last chunk.
     pub logits: Vec<f32>,
     /// `[Op]` per-op times (a fixed table: turning it on allocates nothing).
@@ -64,9 +70,9 @@ pub struct Arena {
 
 /// The rotation table, as ggml computes it: θ starts at the position and is multiplied by
 /// `base^(-2/n_rot)` once per pair (in f32, like ggml, so the angles match).
-fn rope_table(hp: &HParams, n_ctx: usize) -> Vec<f32> {
+fn rope_table(hp: &HParams, base: f32, n_ctx: usize) -> Vec<f32> {
     let n_rot = hp.n_rot;
-    let theta_scale = hp.rope_freq_base.powf(-2.0 / n_rot as f32);
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut t = Vec::with_capacity(n_ctx * n_rot);
     for p in 0..n_ctx {
         let mut theta = p as f32 * hp.rope_freq_scale;
@@ -99,7 +105,11 @@ impl Arena {
             tmp: vec![0.0; tmp],
             scores: vec![0.0; n_threads.max(1) * hp.group() * n_ctx],
             acts: ActScratch::new(chunk, widest),
-            rope: rope_table(hp, n_ctx),
+            rope: rope_table(hp, hp.rope_freq_base, n_ctx),
+            rope_local: match hp.sliding_window {
+                Some(w) => rope_table(hp, w.rope_freq_base, n_ctx),
+                None => Vec::new(),
+            },
             logits: vec![0.0; hp.n_vocab],
             prof: Profile::default(),
         }
@@ -114,7 +124,7 @@ impl Arena {
         let floats = chunk * (2 * d + 2 * qd + 2 * kvd + 2 * ff)
             + tmp
             + n_threads.max(1) * hp.group() * n_ctx
-            + n_ctx * (hp.n_rot / 2) * 2
+            + n_ctx * (hp.n_rot / 2) * 2 * (1 + usize::from(hp.sliding_window.is_some()))
             + hp.n_vocab;
         4 * floats + ActScratch::bytes_for(chunk, widest)
     }
@@ -132,6 +142,7 @@ impl Arena {
             + self.tmp.len()
             + self.scores.len()
             + self.rope.len()
+            + self.rope_local.len()
             + self.logits.len())
             + self.acts.bytes()
     }
@@ -173,6 +184,10 @@ pub fn forward(
         RopeType::Norm => k.rope_norm,
         RopeType::Neox => k.rope_neox,
     };
+    let glu = match hp.ffn_act {
+        FfnAct::Silu => k.silu_mul,
+        FfnAct::GeluTanh => k.gelu_mul,
+    };
     // The packed weights when this path has products over them (the engine packed the model).
     let pk = k.packed.and(model.packed());
     let prof = &mut ar.prof;
@@ -182,6 +197,9 @@ pub fn forward(
         let embd = model.tok_embd_in(pk);
         for (&tok, x) in tokens.iter().zip(ar.x.chunks_exact_mut(d)) {
             embd.row_f32(tok as usize, x);
+        }
+        if hp.embd_scale != 1.0 {
+            (k.scale)(&mut ar.x[..nd], hp.embd_scale);
         }
     });
 
@@ -240,11 +258,23 @@ pub fn forward(
                 }
             }
         }
+        // q, k = rmsnorm(q, k) · q_norm, k_norm, head by head
+        if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
+            prof.timed(Op::RmsNorm, || {
+                rms_norm_in_place(k, &mut ar.q[..nqd], qn, eps, &mut ar.tmp);
+                rms_norm_in_place(k, &mut ar.k[..n * kvd], kn, eps, &mut ar.tmp);
+            });
+        }
         // q, k = rope(q, k) at positions pos0..pos0+T
         prof.timed(Op::Rope, || {
             let n_rot = hp.n_rot;
+            let table = if hp.slides(l) {
+                &ar.rope_local
+            } else {
+                &ar.rope
+            };
             for t in 0..n {
-                let cs = &ar.rope[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
+                let cs = &table[(pos0 + t) * n_rot..(pos0 + t + 1) * n_rot];
                 rope(&mut ar.q[t * qd..(t + 1) * qd], hd, cs);
                 rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
             }
@@ -257,7 +287,7 @@ pub fn forward(
                 kv.store(k, l, pos0 + t, kt, vt);
             }
         });
-        // att[t][h] = softmax(q[t][h]·K[0..=pos]ᵀ / √hd) · V
+        // att[t][h] = softmax(q[t][h]·K[first..=pos]ᵀ / √hd) · V
         prof.timed(Op::Attention, || {
             let (q, att) = (&ar.q[..nqd], &mut ar.att[..nqd]);
             attention(k, pool, hp, kv, l, q, pos0, att, &mut ar.scores);
@@ -269,20 +299,25 @@ pub fn forward(
         prof.timed_bytes(Op::AttnOutput, lw.wo.bytes(), || {
             mat_into(k, pool, &lw.wo, &a, &mut ar.tmp, &mut ar.xn);
         });
+        if let Some(w) = lw.post_attn_norm {
+            prof.timed(Op::RmsNorm, || {
+                rms_norm_in_place(k, &mut ar.xn[..nd], w, eps, &mut ar.tmp);
+            });
+        }
         prof.timed(Op::Residual, || (k.add)(&mut ar.x[..nd], &ar.xn[..nd]));
 
         // xn = rmsnorm(x) · ffn_norm
         prof.timed(Op::RmsNorm, || {
             rms_norm_rows(k, &ar.x[..nd], lw.ffn_norm, eps, &mut ar.xn[..nd]);
         });
-        // up = silu(xn·Wgate) ⊙ xn·Wup
+        // up = act(xn·Wgate) ⊙ xn·Wup
         let a = prof.timed(Op::Quantize, || {
             ar.acts
                 .quantize(k, &ar.xn[..nd], n, need(&[&lw.w_gate, &lw.w_up]))
         });
         match lw.gate_up.filter(|_| n == 1) {
-            // Decoding: gate and up in one product, as q/k/v above; SwiGLU reads both
-            // halves where the product left them.
+            // Decoding: gate and up in one product, as q/k/v above; the gated unit reads
+            // both halves where the product left them.
             Some(fused) => {
                 let bytes = [
                     (Op::FfnGate, lw.w_gate.bytes()),
@@ -291,9 +326,9 @@ pub fn forward(
                 prof.timed_fused(&bytes, || {
                     matmul(k, pool, &fused, &a, &mut ar.tmp[..fused.rows]);
                 });
-                prof.timed(Op::SiluMul, || {
+                prof.timed(Op::Glu, || {
                     let (gate, up) = ar.tmp[..2 * ff].split_at(ff);
-                    (k.silu_mul)(gate, up, &mut ar.up[..ff]);
+                    glu(gate, up, &mut ar.up[..ff]);
                 });
             }
             None => {
@@ -303,8 +338,8 @@ pub fn forward(
                 prof.timed_bytes(Op::FfnUp, lw.w_up.bytes(), || {
                     mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
                 });
-                prof.timed(Op::SiluMul, || {
-                    silu_mul_inplace(k, &ar.gate[..nff], &mut ar.up[..nff]);
+                prof.timed(Op::Glu, || {
+                    glu_in_place(glu, &ar.gate[..nff], &mut ar.up[..nff]);
                 });
             }
         }
@@ -315,6 +350,11 @@ pub fn forward(
         prof.timed_bytes(Op::FfnDown, lw.w_down.bytes(), || {
             mat_into(k, pool, &lw.w_down, &a, &mut ar.tmp, &mut ar.xn);
         });
+        if let Some(w) = lw.post_ffn_norm {
+            prof.timed(Op::RmsNorm, || {
+                rms_norm_in_place(k, &mut ar.xn[..nd], w, eps, &mut ar.tmp);
+            });
+        }
         prof.timed(Op::Residual, || (k.add)(&mut ar.x[..nd], &ar.xn[..nd]));
     }
 
@@ -342,14 +382,27 @@ fn rms_norm_rows(k: &Kernels, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `up = silu(gate) · up`, through the kernel (which takes separate in/out slices).
-fn silu_mul_inplace(k: &Kernels, gate: &[f32], up: &mut [f32]) {
+/// `x[i] = rmsnorm(x[i]) · w` for every `w.len()`-wide piece `i` of `x` (rows, or heads),
+/// through `tmp` (the kernel takes separate in/out slices).
+fn rms_norm_in_place(k: &Kernels, x: &mut [f32], w: &[f32], eps: f32, tmp: &mut [f32]) {
+    let t = &mut tmp[..w.len()];
+    for xi in x.chunks_exact_mut(w.len()) {
+        (k.rms_norm)(xi, w, eps, t);
+        xi.copy_from_slice(t);
+    }
+}
+
+/// A gated-unit kernel: `out = act(gate) · up`.
+type Glu = fn(&[f32], &[f32], &mut [f32]);
+
+/// `up = act(gate) · up`, through the kernel (which takes separate in/out slices).
+fn glu_in_place(glu: Glu, gate: &[f32], up: &mut [f32]) {
     // The kernel reads `up` and writes `out`; process in stack-sized pieces to avoid aliasing
     // without a heap buffer.
     let mut buf = [0.0f32; 256];
     for (g, u) in gate.chunks(256).zip(up.chunks_mut(256)) {
         let o = &mut buf[..g.len()];
-        (k.silu_mul)(g, u, o);
+        glu(g, u, o);
         u.copy_from_slice(o);
     }
 }
@@ -395,16 +448,17 @@ fn attention(
     pool.run_split_scratch(att, group * hd, scores, per_thread, &|_, items, out, sc| {
         for (i, item) in items.enumerate() {
             let (t, g) = (item / n_kv, item % n_kv);
-            let n_pos = pos0 + t + 1;
+            let first = hp.first_visible(l, pos0 + t);
+            let n_pos = pos0 + t + 1 - first;
             let qg = &q[(t * n_kv + g) * group * hd..(t * n_kv + g + 1) * group * hd];
             let s = &mut sc[..group * n_pos];
-            kv.scores(k, l, g, qg, scale, s);
+            kv.scores(k, l, g, first, qg, scale, s);
             for row in s.chunks_exact_mut(n_pos) {
                 (k.softmax)(row);
             }
             let o = &mut out[i * group * hd..(i + 1) * group * hd];
             o.fill(0.0);
-            kv.mix_values(k, l, g, s, o);
+            kv.mix_values(k, l, g, first, s, o);
         }
     });
 }

@@ -6,7 +6,7 @@
 //! product (the reference quantizers), keys and values rounded to the cache type, f32 elsewhere.
 
 use super::matrix::{Mat, MatData};
-use super::{Model, RopeType};
+use super::{FfnAct, Model, RopeType};
 use crate::kv::KvType;
 use kernels_neon::reference as r;
 use kernels_neon::{BlockFormat, PackedFormat, f16};
@@ -65,6 +65,15 @@ fn round_kv(v: &[f32], ty: KvType) -> Vec<f32> {
     }
 }
 
+/// `x = rmsnorm(x) · w` for each `w.len()`-wide piece of `x`.
+fn rms_norm_pieces(x: &mut [f32], w: &[f32], eps: f32) {
+    for xi in x.chunks_exact_mut(w.len()) {
+        let mut o = vec![0.0f32; w.len()];
+        r::rms_norm_ref(xi, w, eps, &mut o);
+        xi.copy_from_slice(&o);
+    }
+}
+
 /// Logits after each token of `tokens` (fed one at a time from position 0): `[T][vocab]`.
 pub fn golden_logits(model: &Model, tokens: &[u32], kv_type: KvType) -> Vec<Vec<f32>> {
     let hp = &model.hp;
@@ -77,22 +86,28 @@ pub fn golden_logits(model: &Model, tokens: &[u32], kv_type: KvType) -> Vec<Vec<
     let mut all = Vec::new();
 
     for (pos, &tok) in tokens.iter().enumerate() {
-        // Rotation angles for this position, as ggml computes them.
-        let theta_scale = hp.rope_freq_base.powf(-2.0 / hp.n_rot as f32);
-        let mut cs = Vec::new();
-        let mut theta = pos as f32 * hp.rope_freq_scale;
-        for _ in 0..hp.n_rot / 2 {
-            cs.push(theta.cos());
-            cs.push(theta.sin());
-            theta *= theta_scale;
-        }
-        let rope = |v: &mut [f32]| match hp.rope_type {
-            RopeType::Norm => r::rope_norm_ref(v, hd, &cs),
-            RopeType::Neox => r::rope_neox_ref(v, hd, &cs),
+        // Rotation angles for this position and a layer's base, as ggml computes them.
+        let angles = |base: f32| {
+            let theta_scale = base.powf(-2.0 / hp.n_rot as f32);
+            let mut cs = Vec::new();
+            let mut theta = pos as f32 * hp.rope_freq_scale;
+            for _ in 0..hp.n_rot / 2 {
+                cs.push(theta.cos());
+                cs.push(theta.sin());
+                theta *= theta_scale;
+            }
+            cs
+        };
+        let rope = |v: &mut [f32], cs: &[f32]| match hp.rope_type {
+            RopeType::Norm => r::rope_norm_ref(v, hd, cs),
+            RopeType::Neox => r::rope_neox_ref(v, hd, cs),
         };
 
         let mut x = vec![0.0f32; d]; // [d]
         model.tok_embd().row_f32(tok as usize, &mut x);
+        for v in &mut x {
+            *v *= hp.embd_scale;
+        }
 
         for l in 0..hp.n_layer {
             let lw = model.layer(l);
@@ -106,34 +121,53 @@ pub fn golden_logits(model: &Model, tokens: &[u32], kv_type: KvType) -> Vec<Vec<
                     r::add_ref(y, b);
                 }
             }
-            rope(&mut q);
-            rope(&mut k);
+            if let (Some(qn), Some(kn)) = (lw.q_norm, lw.k_norm) {
+                rms_norm_pieces(&mut q, qn, hp.rms_eps);
+                rms_norm_pieces(&mut k, kn, hp.rms_eps);
+            }
+            let cs = angles(hp.rope_base(l));
+            rope(&mut q, &cs);
+            rope(&mut k, &cs);
             key_cache[l].push(round_kv(&k, kv_type));
             value_cache[l].push(round_kv(&v, kv_type));
 
+            // A sliding window sees the last `window` positions, its own included.
+            let first = match hp.sliding_window {
+                Some(w) if hp.slides(l) => (pos + 1).saturating_sub(w.window),
+                _ => 0,
+            };
             let mut att = vec![0.0f32; hp.q_dim()]; // [n_head * hd]
             for h in 0..hp.n_head {
                 let g = h / group;
                 let qh = &q[h * hd..(h + 1) * hd];
-                let mut s: Vec<f32> = key_cache[l] // [pos + 1]
+                let mut s: Vec<f32> = key_cache[l][first..] // [pos + 1 - first]
                     .iter()
                     .map(|kr| r::dot_f32_ref(&kr[g * hd..(g + 1) * hd], qh) * scale)
                     .collect();
                 r::softmax_ref(&mut s);
                 let out = &mut att[h * hd..(h + 1) * hd];
-                for (p, vr) in s.iter().zip(&value_cache[l]) {
+                for (p, vr) in s.iter().zip(&value_cache[l][first..]) {
                     r::axpy_f32_ref(out, *p, &vr[g * hd..(g + 1) * hd]);
                 }
             }
-            let o = matvec(&lw.wo, &att); // [d]
+            let mut o = matvec(&lw.wo, &att); // [d]
+            if let Some(w) = lw.post_attn_norm {
+                rms_norm_pieces(&mut o, w, hp.rms_eps);
+            }
             r::add_ref(&mut x, &o);
 
             r::rms_norm_ref(&x, lw.ffn_norm, hp.rms_eps, &mut xn);
             let gate = matvec(&lw.w_gate, &xn); // [n_ff]
             let up = matvec(&lw.w_up, &xn); // [n_ff]
             let mut hbuf = vec![0.0f32; hp.n_ff]; // [n_ff]
-            r::silu_mul_ref(&gate, &up, &mut hbuf);
-            let down = matvec(&lw.w_down, &hbuf); // [d]
+            match hp.ffn_act {
+                FfnAct::Silu => r::silu_mul_ref(&gate, &up, &mut hbuf),
+                FfnAct::GeluTanh => r::gelu_mul_ref(&gate, &up, &mut hbuf),
+            }
+            let mut down = matvec(&lw.w_down, &hbuf); // [d]
+            if let Some(w) = lw.post_ffn_norm {
+                rms_norm_pieces(&mut down, w, hp.rms_eps);
+            }
             r::add_ref(&mut x, &down);
         }
         let mut xn = vec![0.0f32; d];

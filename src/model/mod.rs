@@ -8,7 +8,7 @@ pub mod matrix;
 mod packed;
 pub mod synth;
 
-pub use hparams::{HParams, RopeType};
+pub use hparams::{FfnAct, HParams, RopeType, SlidingWindow};
 use matrix::Mat;
 pub use packed::{HUGEPAGES_ENV, Packed, advise_huge_pages};
 
@@ -22,7 +22,10 @@ use std::path::Path;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("architecture '{0}' is not supported (edgellm runs llama, mistral and qwen2 graphs)")]
+    #[error(
+        "architecture '{0}' is not supported (edgellm runs {runs} graphs)",
+        runs = hparams::supported_arches()
+    )]
     UnsupportedArch(String),
     #[error("metadata '{key}' = {value}: {why}")]
     BadHParam {
@@ -75,6 +78,11 @@ struct LayerRefs {
     w_gate: TensorRef,
     w_up: TensorRef,
     w_down: TensorRef,
+    /// Gemma: per-head q/k norms ([head_dim]) and the norms of the block outputs ([d]).
+    q_norm: Option<TensorRef>,
+    k_norm: Option<TensorRef>,
+    post_attn_norm: Option<TensorRef>,
+    post_ffn_norm: Option<TensorRef>,
 }
 
 /// One layer's weights, viewed in place.
@@ -91,6 +99,12 @@ pub struct LayerWeights<'a> {
     pub w_gate: Mat<'a>,
     pub w_up: Mat<'a>,
     pub w_down: Mat<'a>,
+    /// Present iff [`HParams::qk_norm`].
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// Present iff [`HParams::post_norms`].
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub post_ffn_norm: Option<&'a [f32]>,
     /// q, k and v as one matrix (their rows in turn), when they were packed side by side.
     pub qkv: Option<Mat<'a>>,
     /// gate and up as one matrix, likewise.
@@ -228,10 +242,24 @@ impl Model {
         } else {
             tok_embd
         };
+        let hd = hp.head_dim;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
+            // The graph's own norms are required where the architecture has them (and other
+            // files' extra tensors ignored, as llama.cpp does).
+            let when = |on: bool, name: &str, len: usize| -> Result<_, ModelError> {
+                if on {
+                    vector(&n(name), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerRefs {
+                q_norm: when(hp.qk_norm, "attn_q_norm.weight", hd)?,
+                k_norm: when(hp.qk_norm, "attn_k_norm.weight", hd)?,
+                post_attn_norm: when(hp.post_norms, "post_attention_norm.weight", d)?,
+                post_ffn_norm: when(hp.post_norms, "post_ffw_norm.weight", d)?,
                 attn_norm: vector(&n("attn_norm.weight"), d)?,
                 wq: matrix(&n("attn_q.weight"), d, qd)?,
                 wk: matrix(&n("attn_k.weight"), d, kvd)?,
@@ -299,7 +327,19 @@ impl Model {
                 l.w_down,
             ]
             .into_iter()
-            .chain([l.bq, l.bk, l.bv].into_iter().flatten())
+            .chain(
+                [
+                    l.bq,
+                    l.bk,
+                    l.bv,
+                    l.q_norm,
+                    l.k_norm,
+                    l.post_attn_norm,
+                    l.post_ffn_norm,
+                ]
+                .into_iter()
+                .flatten(),
+            )
         });
         globals.into_iter().chain(per_layer)
     }
@@ -463,6 +503,10 @@ impl Model {
             w_gate: mat(r.w_gate),
             w_up: mat(r.w_up),
             w_down: mat(r.w_down),
+            q_norm: r.q_norm.map(|t| self.vec(t)),
+            k_norm: r.k_norm.map(|t| self.vec(t)),
+            post_attn_norm: r.post_attn_norm.map(|t| self.vec(t)),
+            post_ffn_norm: r.post_ffn_norm.map(|t| self.vec(t)),
         }
     }
 

@@ -24,6 +24,10 @@ pub struct SynthSpec {
     pub tied: bool,
     /// q/k/v biases (Qwen2-style).
     pub biases: bool,
+    /// Width of a head, when not `n_embd / n_head` (written as `attention.key_length`).
+    pub head_dim: Option<usize>,
+    /// For `arch = "gemma3"`: the sliding window (the other Gemma tensors come with the arch).
+    pub sliding_window: usize,
     pub seed: u64,
 }
 
@@ -40,7 +44,24 @@ impl Default for SynthSpec {
             weight_type: GgmlType::Q4_0,
             tied: true,
             biases: false,
+            head_dim: None,
+            sliding_window: 4,
             seed: 1,
+        }
+    }
+}
+
+impl SynthSpec {
+    /// A small Gemma 3: six layers (five sliding, one global), heads wider than
+    /// `n_embd / n_head`, one KV head.
+    pub fn gemma3() -> SynthSpec {
+        SynthSpec {
+            arch: "gemma3",
+            n_layer: 6,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: Some(48),
+            ..SynthSpec::default()
         }
     }
 }
@@ -89,7 +110,8 @@ pub fn synth_model_bytes(spec: &SynthSpec) -> Vec<u8> {
     let mut rng = Rng(s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut w = GgufWriter::new();
     let a = s.arch;
-    let head_dim = s.n_embd / s.n_head;
+    let head_dim = s.head_dim.unwrap_or(s.n_embd / s.n_head);
+    let gemma = a == "gemma3";
     w.set_str("general.architecture", a);
     w.set_str("general.name", "edgellm synthetic test model");
     w.set_u32(&format!("{a}.block_count"), s.n_layer as u32);
@@ -101,6 +123,18 @@ pub fn synth_model_bytes(spec: &SynthSpec) -> Vec<u8> {
     w.set_u32(&format!("{a}.rope.dimension_count"), head_dim as u32);
     w.set_f32(&format!("{a}.rope.freq_base"), 10000.0);
     w.set_f32(&format!("{a}.attention.layer_norm_rms_epsilon"), 1e-5);
+    if s.head_dim.is_some() {
+        w.set_u32(&format!("{a}.attention.key_length"), head_dim as u32);
+        w.set_u32(&format!("{a}.attention.value_length"), head_dim as u32);
+    }
+    if gemma {
+        w.set_u32(
+            &format!("{a}.attention.sliding_window"),
+            s.sliding_window as u32,
+        );
+        // The global layers' base; the sliding ones keep the architecture's 10000.
+        w.set_f32(&format!("{a}.rope.freq_base"), 1e6);
+    }
     w.set_str("tokenizer.ggml.model", "gpt2");
     w.set_str("tokenizer.ggml.pre", "default");
     let tokens: Vec<String> = (0..s.n_vocab)
@@ -146,6 +180,12 @@ pub fn synth_model_bytes(spec: &SynthSpec) -> Vec<u8> {
         let n = |x: &str| format!("blk.{l}.{x}");
         vector(&mut w, &n("attn_norm.weight"), s.n_embd, 1.0);
         vector(&mut w, &n("ffn_norm.weight"), s.n_embd, 1.0);
+        if gemma {
+            vector(&mut w, &n("attn_q_norm.weight"), head_dim, 1.0);
+            vector(&mut w, &n("attn_k_norm.weight"), head_dim, 1.0);
+            vector(&mut w, &n("post_attention_norm.weight"), s.n_embd, 1.0);
+            vector(&mut w, &n("post_ffw_norm.weight"), s.n_embd, 1.0);
+        }
         if s.biases {
             vector(&mut w, &n("attn_q.bias"), qd, 0.0);
             vector(&mut w, &n("attn_k.bias"), kvd, 0.0);

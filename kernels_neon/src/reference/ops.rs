@@ -50,7 +50,7 @@ pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// `2·√(2/π)` and `2·√(2/π)·0.044715`: GELU's tanh approximation as a sigmoid,
 /// `0.5·(1 + tanh(u)) = 1 / (1 + exp(-2u))`, `u = √(2/π)·(g + 0.044715·g³)`, so GeGLU runs on
 /// the same `exp` as SwiGLU on every path.
-pub const GELU_2C0: f32 = 1.595_769_1;
+pub const GELU_2C0: f32 = 1.595_769;
 pub const GELU_2C1: f32 = 0.071_354_816;
 
 /// GeGLU (Gemma): `out = gelu_tanh(gate) * up`, computed as
