@@ -160,3 +160,57 @@ fn the_system_prefix_is_what_every_conversation_with_that_system_prompt_begins_w
     );
     assert!(f.starts_with(&p), "{p:?} / {f:?}");
 }
+
+/// Gemma 3's file carries no template: the model falls back to the built-in Gemma one, whose
+/// renderings of every chat case in the Gemma reference set (greedy continuations and the
+/// tokenizer's chat case) are llama.cpp's text, byte for byte, and tokenize to its ids.
+#[test]
+fn gemma3_built_in_template_renders_llama_cpps_chat_prompts() {
+    use edgellm::model::{LoadOptions, Model};
+    let path = common::model_path(common::GEMMA3);
+    let model = Model::load(&path, &LoadOptions::default()).expect("load Gemma 3");
+    let chat = model.chat_template().expect("a template");
+    assert_eq!(chat.origin(), "built-in 'gemma' (the model file has none)");
+    let tok = &model.tokenizer;
+    let mut cases: Vec<(Value, &str, &str)> = Vec::new();
+    for c in common::read_json("gemma3/greedy.json")["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "chat")
+    {
+        cases.push((c.clone(), "prompt", "prompt_ids"));
+    }
+    for c in common::read_json("gemma3/tokenize.json")["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "chat_template")
+    {
+        cases.push((c.clone(), "text", "prompt_ids"));
+    }
+    assert!(cases.len() >= 5, "{} chat cases", cases.len());
+    let mut with_system = 0;
+    for (c, text_key, ids_key) in &cases {
+        let id = c["id"].as_str().unwrap();
+        let msgs = messages(c);
+        with_system += usize::from(msgs[0].role == "system");
+        let want: Vec<u32> = c[*ids_key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let r = chat.render_protected(None, &msgs, true).expect("render");
+        assert_eq!(r.text, c[*text_key].as_str().unwrap(), "{id}: prompt text");
+        assert_eq!(
+            tok.encode_protected(&r.text, true, &r.ranges()),
+            want,
+            "{id}: protected ids"
+        );
+    }
+    assert!(
+        with_system >= 2,
+        "system prompts folded: {with_system} cases"
+    );
+}

@@ -299,3 +299,81 @@ fn typed_control_tokens_stay_text_unless_a_raw_prompt_asks_for_them() {
         "--raw-special is for raw prompts only"
     );
 }
+
+/// Gemma 3's file has no chat template: `--chat` uses the built-in Gemma one (the system prompt
+/// folded into the first user turn), whose prompt ids are llama.cpp's, and the answer starts as
+/// llama.cpp's does. `--chat-template` overrides it; a template that does not exist is a
+/// one-line error.
+#[test]
+fn gemma3_chat_uses_the_built_in_template_and_a_named_one_overrides_it() {
+    let model = common::model_path(common::GEMMA3);
+    let m = model.to_str().unwrap();
+    let greedy = common::read_json("gemma3/greedy.json");
+    let chats: Vec<&Value> = greedy["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "chat")
+        .collect();
+    let content = |c: &Value, role: &str| {
+        c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == role)
+            .map(|m| m["content"].as_str().unwrap().to_string())
+    };
+    // One case without a system prompt, one with.
+    let plain = chats.iter().find(|c| content(c, "system").is_none());
+    let with_system = chats.iter().find(|c| content(c, "system").is_some());
+    let (plain, with_system) = (
+        plain.expect("a chat case"),
+        with_system.expect("a system case"),
+    );
+    let run = |c: &Value, n: &str, extra: &[&str]| {
+        let user = content(c, "user").unwrap();
+        let mut args = vec![
+            "run", "-m", m, "--chat", "--prompt", &user, "-n", n, "--json",
+        ];
+        let system = content(c, "system");
+        if let Some(s) = &system {
+            args.extend(["--system", s]);
+        }
+        args.extend(extra);
+        edgellm(&args, None)
+    };
+    let out = run(with_system, "1", &["-v"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("built-in 'gemma'"), "which template: {log}");
+    let v = json_of(&out);
+    assert_eq!(
+        ids(&v["prompt_ids"]),
+        ids(&with_system["prompt_ids"]),
+        "{}",
+        with_system["id"]
+    );
+    // greedy-08's first 7 ids are clear-cut (margins > 0.5 in llama.cpp's run).
+    let v = json_of(&run(plain, "7", &[]));
+    assert_eq!(
+        ids(&v["prompt_ids"]),
+        ids(&plain["prompt_ids"]),
+        "{}",
+        plain["id"]
+    );
+    let want = ids(&plain["by_quant"]["Q4_K_M"]["generated_ids"]);
+    assert_eq!(ids(&v["generated_ids"]), want[..7], "{}", plain["id"]);
+
+    let v = json_of(&run(plain, "1", &["--chat-template", "chatml"]));
+    assert_ne!(
+        ids(&v["prompt_ids"]),
+        ids(&plain["prompt_ids"]),
+        "--chat-template chatml renders other turns"
+    );
+    let out = run(plain, "1", &["--chat-template", "/nonexistent/t.jinja"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("/nonexistent/t.jinja: no such file, nor a built-in template"),
+        "{err}"
+    );
+}

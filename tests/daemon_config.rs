@@ -633,9 +633,11 @@ fn overrides_win_over_the_file() {
         ctx: Some(512),
         serial: vec!["/dev/ttyUSB0:9600:modbus".into()],
         board: Some("rk3588".into()),
+        chat_template: Some("gemma".into()),
     })
     .unwrap();
     assert_eq!(c.model.board.as_deref(), Some("rk3588"));
+    assert_eq!(c.model.chat_template.as_deref(), Some(Path::new("gemma")));
     assert_eq!(c.serial.len(), 1);
     assert_eq!(
         (c.serial[0].baud, c.serial[0].mode),

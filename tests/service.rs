@@ -47,6 +47,7 @@ fn service_with(template: Option<&str>, queue_depth: usize, per_source: usize) -
         per_source,
         max_prompt_bytes: 1000,
         sessions: Sessions::None,
+        chat_template: None,
         test_stall: None,
     };
     Service::start(engine, cfg).unwrap()

@@ -52,9 +52,14 @@ pub struct Args {
     /// Most tokens to generate.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
     max_tokens: usize,
-    /// Treat the prompt as a user message and apply the model's chat template.
+    /// Treat the prompt as a user message and apply the model's chat template (a Gemma file
+    /// without one: the built-in Gemma template).
     #[arg(long)]
     chat: bool,
+    /// The chat template for --chat instead of the model's: a Jinja file, or a built-in name
+    /// (gemma, chatml).
+    #[arg(long, value_name = "FILE|NAME", requires = "chat")]
+    chat_template: Option<PathBuf>,
     /// System prompt for --chat (replaces the template's default one).
     #[arg(long, requires = "chat")]
     system: Option<String>,
@@ -188,6 +193,7 @@ pub fn run(a: Args) -> CliResult {
         per_source: 1,
         max_prompt_bytes: MAX_PROMPT_BYTES as usize,
         sessions,
+        chat_template: a.chat_template.clone(),
         test_stall: None,
     };
     let service = Service::start(loaded.engine, cfg).map_err(|e| e.to_string())?;

@@ -62,6 +62,10 @@ pub struct Args {
     /// check, the memory budget. As `model.board`.
     #[arg(long, value_name = "NAME")]
     board: Option<String>,
+    /// Chat template for `messages` requests instead of the model's: a Jinja file, or a
+    /// built-in name (gemma, chatml). As `model.chat_template`.
+    #[arg(long, value_name = "FILE|NAME")]
+    chat_template: Option<PathBuf>,
 }
 
 /// The default model: where `models/fetch.sh` puts it.
@@ -88,6 +92,7 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
         ctx: a.ctx,
         serial: a.serial.clone(),
         board: a.board.clone(),
+        chat_template: a.chat_template.clone(),
     })
     .map_err(|e| e.to_string())?;
     if let Some(addr) = a.modbus_tcp {

@@ -185,6 +185,8 @@ pub struct Overrides {
     pub serial: Vec<String>,
     /// A board profile's name, as `model.board`.
     pub board: Option<String>,
+    /// As `model.chat_template`.
+    pub chat_template: Option<PathBuf>,
 }
 
 impl FromStr for Config {
@@ -272,6 +274,12 @@ impl Config {
         }
         if o.board.is_some() {
             set("model.board");
+        }
+        if o.chat_template.is_some() {
+            set("model.chat_template");
+        }
+        if let Some(t) = &o.chat_template {
+            next.model.chat_template = Some(t.clone());
         }
         if let Some(b) = &o.board {
             next.model.board = Some(b.clone());
@@ -413,6 +421,7 @@ impl Config {
             per_source: l.per_source.min(l.queue_depth),
             max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
             sessions: self.store_config().map_or(Sessions::None, Sessions::Store),
+            chat_template: self.model.chat_template.clone(),
             test_stall: None,
         }
     }
@@ -484,6 +493,14 @@ impl Config {
             }
         };
         self.model.path.iter_mut().for_each(fix);
+        // A built-in template's name is not a path.
+        if let Some(t) = &mut self.model.chat_template
+            && !t
+                .to_str()
+                .is_some_and(|n| crate::tokenizer::built_in_names().contains(&n))
+        {
+            fix(t);
+        }
         self.state.dir.iter_mut().for_each(fix);
         self.mqtt.password_file.iter_mut().for_each(fix);
         if let Some(t) = &mut self.mqtt.tls {

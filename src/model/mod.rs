@@ -435,9 +435,18 @@ impl Model {
         }
     }
 
-    /// The model's own chat template (`tokenizer.chat_template`), compiled.
+    /// The model's own chat template (`tokenizer.chat_template`), compiled; for a file without
+    /// one, the built-in template of its family where there is one (Gemma's).
     pub fn chat_template(&self) -> Result<ChatTemplate, TokenizerError> {
-        ChatTemplate::from_gguf(&self.gguf, &self.tokenizer)
+        match ChatTemplate::from_gguf(&self.gguf, &self.tokenizer) {
+            Err(TokenizerError::NoChatTemplate) => {
+                let name = crate::tokenizer::built_in_for(&self.hp.arch)
+                    .ok_or(TokenizerError::NoChatTemplate)?;
+                Ok(ChatTemplate::built_in(name, &self.tokenizer)?
+                    .with_origin(format!("built-in '{name}' (the model file has none)")))
+            }
+            other => other,
+        }
     }
 
     /// SHA-256 of the GGUF header, metadata and tensor table (every byte before the tensor

@@ -12,6 +12,7 @@ use super::queue::{FairQueue, Full};
 use super::{ErrorCode, Event, Recorder, Request, ServiceError};
 use crate::engine::Engine;
 use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
+use crate::tokenizer::ChatTemplate;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -39,6 +40,8 @@ pub struct ServiceConfig {
     /// Most bytes of user text in one request.
     pub max_prompt_bytes: usize,
     pub sessions: Sessions,
+    /// A chat template to use instead of the model's: a Jinja file, or a built-in name.
+    pub chat_template: Option<PathBuf>,
     /// Tests only: every answer starts with this pause, during which the worker makes no
     /// progress (a hung engine, as a supervisor's watchdog must see it).
     pub test_stall: Option<Duration>,
@@ -51,6 +54,7 @@ impl Default for ServiceConfig {
             per_source: 8,
             max_prompt_bytes: 16 << 20,
             sessions: Sessions::None,
+            chat_template: None,
             test_stall: None,
         }
     }
@@ -339,19 +343,33 @@ impl Service {
         // One that cannot format a single user turn (a template from the model file that loops,
         // floods or raises) is as good as none, and is said so once here rather than per chat.
         let trial = [crate::tokenizer::ChatMessage::new("user", "Hello")];
-        let template = match engine.model().chat_template() {
-            Ok(t) => match t.render_protected(None, &trial, true) {
-                Ok(_) => Some(t),
+        let template = match &cfg.chat_template {
+            // One the user names must work: an error at start, not chats refused later.
+            Some(spec) => {
+                let t = ChatTemplate::from_user(spec, &engine.model().tokenizer)
+                    .and_then(|t| t.render_protected(None, &trial, true).map(|_| t))
+                    .map_err(|e| ServiceError::new(ErrorCode::Internal, e.to_string()))?;
+                Some(t)
+            }
+            None => match engine.model().chat_template() {
+                Ok(t) => match t.render_protected(None, &trial, true) {
+                    Ok(_) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(
+                            "the model's chat template is not used: {e}; chats are refused"
+                        );
+                        None
+                    }
+                },
                 Err(e) => {
-                    tracing::warn!("the model's chat template is not used: {e}; chats are refused");
+                    tracing::info!("no chat template: {e}");
                     None
                 }
             },
-            Err(e) => {
-                tracing::info!("no chat template: {e}");
-                None
-            }
         };
+        if let Some(t) = &template {
+            tracing::info!(template = t.origin(), "chat template");
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: FairQueue::new(cfg.queue_depth, cfg.per_source),

@@ -34,6 +34,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Where it came from, for logs and status ("the model file's", "built-in 'gemma'").
+    origin: String,
 }
 
 const NAME: &str = "chat_template";
@@ -68,7 +70,19 @@ impl ChatTemplate {
             source: source.to_string(),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            origin: "given".into(),
         })
+    }
+
+    /// Says where the template came from ([`ChatTemplate::origin`]).
+    pub fn with_origin(mut self, origin: impl Into<String>) -> ChatTemplate {
+        self.origin = origin.into();
+        self
+    }
+
+    /// Where the template came from: "the model file's", "built-in 'gemma'", "from PATH".
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// Compiles `source` with the tokenizer's BOS/EOS token texts.
@@ -90,7 +104,7 @@ impl ChatTemplate {
             .metadata()
             .opt_str("tokenizer.chat_template")?
             .ok_or(TokenizerError::NoChatTemplate)?;
-        ChatTemplate::with_tokenizer(source, tok)
+        Ok(ChatTemplate::with_tokenizer(source, tok)?.with_origin("the model file's"))
     }
 
     /// Renders the conversation; `add_generation_prompt` opens the assistant's turn.

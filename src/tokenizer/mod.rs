@@ -38,6 +38,7 @@ mod pretokenize;
 mod queue;
 mod spm;
 mod stream;
+mod templates;
 mod unicode;
 mod vocab;
 
@@ -47,6 +48,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 pub use chat::{ChatMessage, ChatTemplate, Rendered};
 pub use pretokenize::PreTokenizer;
 pub use stream::StreamDecoder;
+pub use templates::{MAX_TEMPLATE_BYTES, built_in_for, built_in_names};
 pub use vocab::{TokenType, Vocab, VocabKind};
 
 /// Everything that can go wrong loading a tokenizer or rendering a chat template. Tokenizing
@@ -76,7 +78,10 @@ pub enum TokenizerError {
         flag: &'static str,
         token: &'static str,
     },
-    #[error("the model has no chat template (tokenizer.chat_template)")]
+    #[error(
+        "the model has no chat template (tokenizer.chat_template): name a Jinja template file, \
+         or a built-in one (chatml, gemma)"
+    )]
     NoChatTemplate,
     #[error("chat template: {0}")]
     Template(String),

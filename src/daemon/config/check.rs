@@ -85,6 +85,12 @@ impl Config {
             }
             crate::board::get(b).map_err(|e| bad("model.board", e.to_string()))?;
         }
+        if m.chat_template
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(bad("model.chat_template", "is empty"));
+        }
         Ok(())
     }
 

@@ -117,6 +117,9 @@ pub struct ModelConfig {
     pub mlock: bool,
     /// A board profile's name (profiles come with the packaging).
     pub board: Option<String>,
+    /// A chat template instead of the model's: a Jinja file, or a built-in name (`gemma`,
+    /// `chatml`). None: the model file's, else the built-in one of its family.
+    pub chat_template: Option<PathBuf>,
 }
 
 impl Default for ModelConfig {
@@ -129,6 +132,7 @@ impl Default for ModelConfig {
             kv_type: KvType::F16,
             mlock: false,
             board: None,
+            chat_template: None,
         }
     }
 }
