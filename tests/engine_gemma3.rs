@@ -12,16 +12,30 @@ mod common;
 use edgellm::engine::{Engine, EngineConfig};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
+use edgellm::quantize::{QuantType, quantize_file};
 use serde_json::Value;
 use std::sync::Arc;
 
+/// The shipped file's quantization.
 const QUANT: &str = "Q4_K_M";
 
-fn load() -> Arc<Model> {
-    let p = common::model_path(common::GEMMA3);
+fn load_path(p: &std::path::Path) -> Arc<Model> {
     Arc::new(
-        Model::load(&p, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+        Model::load(p, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
     )
+}
+
+fn load() -> Arc<Model> {
+    load_path(&common::model_path(common::GEMMA3))
+}
+
+/// The shipped file requantized to `ty` by our quantizer (byte-identical to llama-quantize's
+/// file: `quantize_matches_llamacpp`), in `dir`.
+fn requantized(ty: QuantType, dir: &std::path::Path) -> Arc<Model> {
+    let out = dir.join(format!("gemma3-{ty}.gguf"));
+    quantize_file(&common::model_path(common::GEMMA3), &out, ty, |_| {})
+        .unwrap_or_else(|e| panic!("{e}"));
+    load_path(&out)
 }
 
 fn engine(model: &Arc<Model>, threads: usize) -> Engine {
@@ -82,21 +96,33 @@ fn greedy(model: &Model, e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 /// After each prompt, the logits of llama.cpp's top-10 tokens are within the tolerance of its
-/// default or precise path, and our top-1 is theirs unless theirs is a near-tie.
+/// default or precise path, and our top-1 is theirs unless theirs is a near-tie: on the shipped
+/// Q4_K_M file and on its Q4_0 and Q8_0 requantizations (packed at load, unlike the K-quants).
 #[test]
-fn top_logits_match_llama_cpp() {
+fn top_logits_match_llama_cpp_for_every_quant() {
     let data = common::read_json("gemma3/logits.json");
-    let model = load();
-    let mut e = engine(&model, 2);
+    let dir = tempfile::tempdir().unwrap();
     let mut report = Vec::new();
-    for case in cases(&data, "gemma3/logits.json") {
+    for (quant, model) in [
+        (QUANT, load()),
+        ("Q4_0", requantized(QuantType::Q4_0, dir.path())),
+        ("Q8_0", requantized(QuantType::Q8_0, dir.path())),
+    ] {
+        top_logits_of(&model, quant, &data, &mut report);
+    }
+    eprintln!("engine_gemma3: {}", report.join("; "));
+}
+
+fn top_logits_of(model: &Arc<Model>, quant: &str, data: &Value, report: &mut Vec<String>) {
+    let mut e = engine(model, 2);
+    for case in cases(data, "gemma3/logits.json") {
         let id = &case["id"];
         let prompt = ids(&case["prompt_ids"]);
         let mut s = e.new_session();
         let logits = e.feed(&mut s, &prompt).unwrap().to_vec();
-        let default = pairs(&case["top10"][QUANT]);
-        let precise = pairs(&case["top10_kv_f32_fa_off"][QUANT]);
-        let spread = case["max_abs_logit_diff_default_vs_kv_f32_fa_off"][QUANT]
+        let default = pairs(&case["top10"][quant]);
+        let precise = pairs(&case["top10_kv_f32_fa_off"][quant]);
+        let spread = case["max_abs_logit_diff_default_vs_kv_f32_fa_off"][quant]
             .as_f64()
             .unwrap() as f32;
         let tol = (1.25 * spread).max(0.75);
@@ -109,7 +135,8 @@ fn top_logits_match_llama_cpp() {
             worst = worst.max(err);
             assert!(
                 err <= tol,
-                "{id} ({} tokens): logit of {tok} is {got}, llama.cpp {want} / {alt} (tol {tol})",
+                "{quant} {id} ({} tokens): logit of {tok} is {got}, llama.cpp {want} / {alt} \
+                 (tol {tol})",
                 prompt.len()
             );
         }
@@ -117,16 +144,15 @@ fn top_logits_match_llama_cpp() {
         let margin = default[0].1 - default[1].1;
         assert!(
             ours == default[0].0 || ours == precise[0].0 || margin < tol,
-            "{id}: top-1 {ours}, llama.cpp {} by a margin of {margin}",
+            "{quant} {id}: top-1 {ours}, llama.cpp {} by a margin of {margin}",
             default[0].0
         );
         report.push(format!(
-            "{id} n={} top-1 {} worst {worst:.3}",
+            "{quant} {id} n={} top-1 {} worst {worst:.3}",
             prompt.len(),
             if ours == default[0].0 { "=" } else { "~" }
         ));
     }
-    eprintln!("engine_gemma3: {}", report.join("; "));
 }
 
 /// Greedy continuations equal llama.cpp's up to where its own precise path agrees with it,
@@ -181,4 +207,21 @@ fn greedy_continuations_match_llama_cpp_on_any_thread_count() {
         "engine_gemma3: greedy {QUANT}: {steps} ids compared in {cases_compared} cases, \
          identical prefix {matched}/{compared} ids"
     );
+
+    // The Q4_0 requantization: the first token of every case whose margin is no near-tie.
+    let dir = tempfile::tempdir().unwrap();
+    let q4_0 = requantized(QuantType::Q4_0, dir.path());
+    let mut e = engine(&q4_0, 2);
+    let mut firsts = 0;
+    for case in cases(&data, "gemma3/greedy.json") {
+        let run = &case["by_quant"]["Q4_0"];
+        let want = ids(&run["generated_ids"]);
+        if floats(&run["top1_margin"])[0] < 0.5 {
+            continue;
+        }
+        let got = greedy(&q4_0, &mut e, &ids(&case["prompt_ids"]), 1);
+        assert_eq!(got[0], want[0], "Q4_0 {}: first token", case["id"]);
+        firsts += 1;
+    }
+    assert!(firsts >= 5, "only {firsts} Q4_0 first tokens compared");
 }
