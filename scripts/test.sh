@@ -73,6 +73,7 @@ export EDGELLM_MODEL_DIR
 step "native tests ($(uname -m))"
 # The real-model greedy ids of this run are kept for the aarch64 run to compare against.
 ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
+gemma_ids_x86="$PWD/target/greedy-ids-gemma3-$(uname -m).json"
 # So is a session snapshot, for the aarch64 run to restore and continue.
 kv_x86="$PWD/target/kv-snapshot-$(uname -m)"
 rm -rf "$kv_x86"
@@ -87,7 +88,8 @@ if [ "$(uname -m)" = x86_64 ]; then
 fi
 echo "native kernel paths expected: ${expect:-(none beyond reference/portable)}"
 EDGELLM_EXPECT_PATHS=$expect \
-EDGELLM_IDS_OUT="$ids_x86" EDGELLM_KV_OUT="$kv_x86" cargo test --workspace
+EDGELLM_IDS_OUT="$ids_x86" EDGELLM_GEMMA_IDS_OUT="$gemma_ids_x86" EDGELLM_KV_OUT="$kv_x86" \
+    cargo test --workspace
 
 # Cargo.toml declares rust-version = "1.88" for Yocto's own Rust (wrynose ships >= 1.90): the
 # code and every crate Cargo.lock pins must build with it, not only with the newest rustc.
@@ -132,6 +134,9 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
 step "aarch64 vs $(uname -m): greedy ids on the real model (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_real greedy_ids_are_identical
+step "aarch64 vs $(uname -m): Gemma 3 greedy ids (qemu cortex-a76)"
+EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_GEMMA_IDS_EXPECT="$gemma_ids_x86" \
+    scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_gemma3 greedy_ids_are_identical_across
 # The aarch64 test builds (target and host parts); the release build below has its own.
 a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
 prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"

@@ -81,18 +81,29 @@ fn pairs(v: &Value) -> Vec<(u32, f32)> {
 
 /// Greedy generation of up to `n` tokens, stopping after an end-of-generation token.
 fn greedy(model: &Model, e: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    greedy_with_margins(model, e, prompt, n).0
+}
+
+/// [`greedy`], with each step's top-1 margin.
+fn greedy_with_margins(
+    model: &Model,
+    e: &mut Engine,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<f32>) {
     let mut s = e.new_session();
     let mut logits = e.feed(&mut s, prompt).unwrap().to_vec();
-    let mut out = Vec::new();
+    let (mut out, mut margins) = (Vec::new(), Vec::new());
     for _ in 0..n {
-        let top = edgellm::engine::top_k_logits(&logits, 1)[0].0;
-        out.push(top);
-        if model.tokenizer.is_eog(top) {
+        let top = edgellm::engine::top_k_logits(&logits, 2);
+        out.push(top[0].0);
+        margins.push(top[0].1 - top[1].1);
+        if model.tokenizer.is_eog(top[0].0) {
             break;
         }
-        logits = e.feed(&mut s, &[top]).unwrap().to_vec();
+        logits = e.feed(&mut s, &[top[0].0]).unwrap().to_vec();
     }
-    out
+    (out, margins)
 }
 
 /// After each prompt, the logits of llama.cpp's top-10 tokens are within the tolerance of its
@@ -224,4 +235,73 @@ fn greedy_continuations_match_llama_cpp_on_any_thread_count() {
         firsts += 1;
     }
     assert!(firsts >= 5, "only {firsts} Q4_0 first tokens compared");
+}
+
+/// Greedy ids are llama.cpp's up to its first near-tie, and the same on x86 and aarch64: with
+/// `EDGELLM_GEMMA_IDS_OUT` the ids (and margins) of two cases are written out; with
+/// `EDGELLM_GEMMA_IDS_EXPECT` (the x86 run's file, read under qemu) they are compared, up to the
+/// first step the other run saw as a near-exact tie (kernels of different architectures sum in
+/// different orders).
+#[test]
+fn greedy_ids_are_identical_across_architectures() {
+    let data = common::read_json("gemma3/greedy.json");
+    let model = load();
+    let mut e = engine(&model, 2);
+    let mut all = Vec::new();
+    // A raw and a chat case; 8 tokens each keeps the emulated run short.
+    for id in ["greedy-02", "greedy-12"] {
+        let case = cases(&data, "gemma3/greedy.json")
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no case {id}"));
+        let (got, margins) = greedy_with_margins(&model, &mut e, &ids(&case["prompt_ids"]), 8);
+        // On either architecture, llama.cpp's ids up to its first near-tie.
+        let run = &case["by_quant"][QUANT];
+        let want = ids(&run["generated_ids"]);
+        let upto = floats(&run["top1_margin"])
+            .iter()
+            .position(|&m| m < 0.5)
+            .unwrap_or(8);
+        assert!(upto >= 4, "{id}: a case with clear-cut first steps");
+        assert_eq!(got[..upto.min(8)], want[..upto.min(8)], "{id} vs llama.cpp");
+        let ids = got;
+        all.push(serde_json::json!({"id": id, "ids": ids, "margins": margins}));
+    }
+    if let Some(path) = std::env::var_os("EDGELLM_GEMMA_IDS_OUT") {
+        std::fs::write(&path, serde_json::to_string(&all).unwrap()).unwrap();
+    }
+    if let Some(path) = std::env::var_os("EDGELLM_GEMMA_IDS_EXPECT") {
+        compare_with_other_architecture(&all, &path);
+    }
+}
+
+fn compare_with_other_architecture(all: &[Value], path: &std::ffi::OsStr) {
+    let other: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(other.len(), all.len(), "{}: cases", path.to_string_lossy());
+    for (mine, theirs) in all.iter().zip(&other) {
+        assert_eq!(mine["id"], theirs["id"]);
+        let (a, b) = (ids(&mine["ids"]), ids(&theirs["ids"]));
+        let m = floats(&theirs["margins"]);
+        assert!(
+            !b.is_empty() && m.len() == b.len(),
+            "{}: ids and margins",
+            mine["id"]
+        );
+        let upto = m
+            .iter()
+            .position(|&x| x < 1e-3)
+            .map_or(a.len().max(b.len()), |i| i + 1);
+        assert_eq!(
+            a[..upto.min(a.len())],
+            b[..upto.min(b.len())],
+            "{} on {} vs the other architecture",
+            mine["id"],
+            std::env::consts::ARCH
+        );
+    }
+    eprintln!(
+        "engine_gemma3: {} greedy ids identical to the other architecture's on {} cases",
+        std::env::consts::ARCH,
+        other.len()
+    );
 }
