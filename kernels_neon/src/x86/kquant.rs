@@ -3,16 +3,16 @@
 //! A super-block (256 values) is unpacked once into eight registers of 32 unsigned levels
 //! (0..16, 0..32 or 0..64) and its sub-block scales; each token then takes eight `maddubs` +
 //! `madd` pairs against its activations, scaled per sub-block as i16, into one i32 vector: the
-//! block's exact integer sum per lane. The mins (Q4_K, Q5_K) and Q6_K's -32 offset go through
-//! the activations' 16-value sums (`bsums`), in scalar integers. Per (row, token) pair the f32
-//! work is the same whatever called it: `acc = fma(d_w * d_a, f32(sumi), acc)` per block in 8
-//! lanes, the mins' term summed apart, and `hsum(acc) - mins` at the end; so `vec_dot`,
-//! `matvec` and `matmul` give a row the same bits, and the tolerance of the walk covers the
-//! reference's other order.
+//! block's exact integer sum, reduced to one i32. The mins (Q4_K, Q5_K) and Q6_K's -32 offset
+//! go through the activations' 16-value sums (`bsums`), in scalar integers. The f32 work is
+//! then one sequence per (row, token) pair, the same on every SIMD path (NEON's too, so greedy
+//! ids agree across architectures) and whatever called it (`vec_dot`, `matvec`, `matmul`):
+//! per block `acc = fma(d_w · d_a, f32(sumi), acc)` and `mins = fma(dmin_w · d_a, f32(m), mins)`,
+//! and `acc - mins` at the end. The walk's tolerance covers the reference's other order.
 //!
 //! No level times activation pair overflows `maddubs`' i16: 63 · 127 · 2 < 2^15.
 
-use super::simd::{f16_to_f32, hsum_ps, load_i8x32};
+use super::simd::{f16_to_f32, hsum_epi32, load_i8x32};
 use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use crate::reference::{check_matmul, check_matvec, get_scale_min_k4};
 use std::arch::x86_64::*;
@@ -194,31 +194,28 @@ fn unpack_q6k(w: &BlockQ6K) -> Unpacked {
     }
 }
 
-/// One block's contribution for one token: `acc += (d · d_a) · f32(sumi)` lane-wise; returns
-/// the mins' term (`dmin · d_a · Σ bsum_mul · bsums`) for the caller to subtract, or folds an
-/// offset into `sumi` (lane 0) when there is no `dmin`.
+/// One block's contribution for one token: `acc = fma(d · d_a, f32(sumi), acc)`, and the mins'
+/// `mins = fma(dmin · d_a, f32(Σ bsum_mul · bsums), mins)`, or that sum taken from `sumi`
+/// when there is no `dmin` (exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block(u: &Unpacked, a: &BlockQ8K, acc: &mut __m256) -> f32 {
-    let mut sumi = _mm256_setzero_si256();
+fn block(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut f32) {
+    let mut v = _mm256_setzero_si256();
     for j in 0..8 {
         let y = load_i8x32(a.qs[32 * j..32 * j + 32].try_into().expect("32 values"));
         let p = _mm256_maddubs_epi16(u.q[j], y);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, u.scale[j]));
+        v = _mm256_add_epi32(v, _mm256_madd_epi16(p, u.scale[j]));
     }
+    let mut sumi = hsum_epi32(v);
     let mut off = 0i32;
     for (m, &b) in u.bsum_mul.iter().zip(&a.bsums) {
         off = off.wrapping_add(m.wrapping_mul(b as i32));
     }
-    let mins = match u.dmin {
-        Some(dmin) => dmin * a.d * off as f32,
-        None => {
-            sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(off, 0, 0, 0, 0, 0, 0, 0));
-            0.0
-        }
-    };
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(u.d * a.d), _mm256_cvtepi32_ps(sumi), *acc);
-    mins
+    match u.dmin {
+        Some(dmin) => *mins = (dmin * a.d).mul_add(off as f32, *mins),
+        None => sumi = sumi.wrapping_sub(off),
+    }
+    *acc = (u.d * a.d).mul_add(sumi as f32, *acc);
 }
 
 /// `out[t] = dot(row, a[t])` for `T` tokens of `nb` blocks each (`a`: `T · nb` blocks).
@@ -226,16 +223,16 @@ fn block(u: &Unpacked, a: &BlockQ8K, acc: &mut __m256) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn row_tokens<F: KFormat, const T: usize>(row: &[F::W], a: &[BlockQ8K], out: &mut [f32]) {
     let nb = row.len();
-    let mut acc = [_mm256_setzero_ps(); T];
-    let mut off = [0.0f32; T];
+    let mut acc = [0.0f32; T];
+    let mut mins = [0.0f32; T];
     for (b, w) in row.iter().enumerate() {
         let u = F::unpack(w);
         for t in 0..T {
-            off[t] += block(&u, &a[t * nb + b], &mut acc[t]);
+            block(&u, &a[t * nb + b], &mut acc[t], &mut mins[t]);
         }
     }
     for t in 0..T {
-        out[t] = hsum_ps(acc[t]) - off[t];
+        out[t] = acc[t] - mins[t];
     }
 }
 
