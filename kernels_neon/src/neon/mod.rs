@@ -5,6 +5,7 @@
 //! - [`DOTPROD`] replaces the integer block products with `sdot` (vec_dot, matvec, matmul),
 //!   and has products over weights packed 8 rows at a time (`packed.rs`, `sdot` by element),
 //!   which the engine then uses.
+//! - The K-quants (`kquant.rs`) on base NEON and with `sdot`, in the x86 path's sequence.
 //! - [`I8MM`] adds `smmla` for the prompt-batch products (matmul), 2 rows × 2 tokens per
 //!   instruction; token generation (matvec) stays on `sdot`.
 //!
@@ -22,6 +23,7 @@
 
 mod dot;
 mod fp16;
+mod kquant;
 mod matmul;
 mod matvec;
 mod ops;
@@ -47,8 +49,17 @@ pub(crate) const NEON: Kernels = Kernels {
     matmul_q8_0_q8_0: matmul::matmul_neon::<BlockQ8_0>,
     packed: None,
     // Q5_0 and Q5_1 through the Q4 block products (their values unpacked with the fifth
-    // bit); the K-quants not yet faster than the references (#18).
+    // bit); the K-quants in `kquant.rs`; the Q8_K quantizer is the reference's.
     more: MoreFormats {
+        vec_dot_q4_k_q8_k: kquant::neon::vec_dot_q4_k_q8_k,
+        vec_dot_q5_k_q8_k: kquant::neon::vec_dot_q5_k_q8_k,
+        vec_dot_q6_k_q8_k: kquant::neon::vec_dot_q6_k_q8_k,
+        matvec_q4_k_q8_k: kquant::neon::matvec_q4_k_q8_k,
+        matvec_q5_k_q8_k: kquant::neon::matvec_q5_k_q8_k,
+        matvec_q6_k_q8_k: kquant::neon::matvec_q6_k_q8_k,
+        matmul_q4_k_q8_k: kquant::neon::matmul_q4_k_q8_k,
+        matmul_q5_k_q8_k: kquant::neon::matmul_q5_k_q8_k,
+        matmul_q6_k_q8_k: kquant::neon::matmul_q6_k_q8_k,
         vec_dot_q5_0_q8_0: dot::vec_dot_neon::<BlockQ5_0>,
         vec_dot_q5_1_q8_1: dot::vec_dot_neon::<BlockQ5_1>,
         matvec_q5_0_q8_0: matvec::matvec_neon::<BlockQ5_0>,
@@ -89,6 +100,15 @@ pub(crate) const DOTPROD: Kernels = Kernels {
     matmul_q8_0_q8_0: matmul::matmul_dotprod::<BlockQ8_0>,
     packed: Some(packed::PACKED),
     more: MoreFormats {
+        vec_dot_q4_k_q8_k: kquant::dotprod::vec_dot_q4_k_q8_k,
+        vec_dot_q5_k_q8_k: kquant::dotprod::vec_dot_q5_k_q8_k,
+        vec_dot_q6_k_q8_k: kquant::dotprod::vec_dot_q6_k_q8_k,
+        matvec_q4_k_q8_k: kquant::dotprod::matvec_q4_k_q8_k,
+        matvec_q5_k_q8_k: kquant::dotprod::matvec_q5_k_q8_k,
+        matvec_q6_k_q8_k: kquant::dotprod::matvec_q6_k_q8_k,
+        matmul_q4_k_q8_k: kquant::dotprod::matmul_q4_k_q8_k,
+        matmul_q5_k_q8_k: kquant::dotprod::matmul_q5_k_q8_k,
+        matmul_q6_k_q8_k: kquant::dotprod::matmul_q6_k_q8_k,
         vec_dot_q5_0_q8_0: dot::vec_dot_dotprod::<BlockQ5_0>,
         vec_dot_q5_1_q8_1: dot::vec_dot_dotprod::<BlockQ5_1>,
         matvec_q5_0_q8_0: matvec::matvec_dotprod::<BlockQ5_0>,
