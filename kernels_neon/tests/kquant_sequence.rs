@@ -26,11 +26,12 @@ fn levels_q4_q5(qs: &[u8; 128], qh: Option<&[u8; 32]>) -> [i32; 256] {
     })
 }
 
-/// The sequence for blocks given as (levels, a scale per 16 values, d, mins per 16 or none).
-fn sequence(
-    blocks: &[([i32; 256], [i32; 16], f32, Option<([i32; 16], f32)>)],
-    a: &[BlockQ8K],
-) -> f32 {
+/// A block as the sequence reads it: levels, a scale per 16 values, d, and the mins per 16
+/// values with dmin (none for Q6_K).
+type Block = ([i32; 256], [i32; 16], f32, Option<([i32; 16], f32)>);
+
+/// The sequence over `blocks` and the activations `a`.
+fn sequence(blocks: &[Block], a: &[BlockQ8K]) -> f32 {
     let (mut acc, mut mins) = (0.0f32, 0.0f32);
     for ((lv, sc, d, m), y) in blocks.iter().zip(a) {
         let mut sumi = 0i32;
@@ -48,7 +49,7 @@ fn sequence(
 
 fn q4_5_blocks<'a>(
     it: impl Iterator<Item = (&'a [u8; 128], Option<&'a [u8; 32]>, &'a [u8; 12], f16, f16)>,
-) -> Vec<([i32; 256], [i32; 16], f32, Option<([i32; 16], f32)>)> {
+) -> Vec<Block> {
     it.map(|(qs, qh, scales, d, dmin)| {
         let sm: [(u8, u8); 8] = std::array::from_fn(|j| r::get_scale_min_k4(j, scales));
         let sc = std::array::from_fn(|i| sm[i / 2].0 as i32);
@@ -105,7 +106,7 @@ fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[Blo
     let mut checked = 0;
     for p in Path::available() {
         let k = Kernels::for_path(p).unwrap();
-        if std::ptr::fn_addr_eq(W::vec_dot(&k), W::vec_dot(&reference)) {
+        if std::ptr::fn_addr_eq(W::vec_dot(k), W::vec_dot(reference)) {
             continue; // the reference (ggml's order), walked against itself elsewhere
         }
         for (rows, nb, n_tok) in [(1, 1, 1), (3, 2, 5), (5, 8, 4), (2, 3, 9)] {
@@ -117,11 +118,11 @@ fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[Blo
                 .flat_map(|row| a.chunks_exact(nb).map(move |t| seq(row, t)))
                 .collect();
             let mut mm = vec![f32::NAN; rows * n_tok];
-            W::matmul(&k)(&w, &a, n_tok, &mut mm);
+            W::matmul(k)(&w, &a, n_tok, &mut mm);
             let mut mv = vec![f32::NAN; rows];
-            W::matvec(&k)(&w, &a[..nb], &mut mv);
+            W::matvec(k)(&w, &a[..nb], &mut mv);
             for (ri, row) in w.chunks_exact(nb).enumerate() {
-                let dot = W::vec_dot(&k)(row, &a[..nb]);
+                let dot = W::vec_dot(k)(row, &a[..nb]);
                 let what = format!("{p}/{name} {rows}x{nb}x{n_tok} row {ri}");
                 assert_eq!(dot.to_bits(), want[ri * n_tok].to_bits(), "{what}: vec_dot");
                 assert_eq!(
