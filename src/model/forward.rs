@@ -480,6 +480,8 @@ mod tests {
                 n_vocab: 517,
                 ..SynthSpec::default()
             },
+            // A second RoPE table for the sliding-window layers.
+            SynthSpec::gemma3(),
         ] {
             let hp = synth_model(&spec).hp;
             for (chunk, ctx, threads) in [(1, 1, 1), (64, 2048, 4), (7, 300, 3), (512, 33, 64)] {
