@@ -100,6 +100,29 @@ fn seq_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     sequence(&blocks, a)
 }
 
+/// The same bits, or both NaN (the bits of a NaN an operation makes are the CPU's).
+fn same(got: f32, want: f32, what: &str) {
+    assert!(
+        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+        "{what}: {got:e} ({:#x}), the sequence gives {want:e} ({:#x})",
+        got.to_bits(),
+        want.to_bits()
+    );
+}
+
+/// `n` blocks of random bytes (xorshift from `seed`).
+fn random_blocks<W: WeightFormat>(n: usize, seed: u64) -> Vec<W> {
+    let mut v = vec![W::default(); n];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in bytemuck::cast_slice_mut::<W, u8>(&mut v) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 32) as u8;
+    }
+    v
+}
+
 /// Every fast path's vec_dot, matvec and matmul of format `W` give `seq`'s bits.
 fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[BlockQ8K]) -> f32) {
     let reference = Kernels::for_path(Path::Reference).unwrap();
@@ -109,9 +132,21 @@ fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[Blo
         if std::ptr::fn_addr_eq(W::vec_dot(k), W::vec_dot(reference)) {
             continue; // the reference (ggml's order), walked against itself elsewhere
         }
-        for (rows, nb, n_tok) in [(1, 1, 1), (3, 2, 5), (5, 8, 4), (2, 3, 9)] {
+        // The last shape's weights are random bytes, as a hostile file's: scales NaN, infinite
+        // or huge; the kernels must not panic and still follow the sequence (NaN as NaN).
+        for (rows, nb, n_tok, hostile) in [
+            (1, 1, 1, false),
+            (3, 2, 5, false),
+            (5, 8, 4, false),
+            (2, 3, 9, false),
+            (7, 4, 5, true),
+        ] {
             let n = nb * 256;
-            let w: Vec<W> = quant(&awkward(rows * n, (rows * 7 + nb) as u64));
+            let w: Vec<W> = if hostile {
+                random_blocks(rows * nb, rows as u64)
+            } else {
+                quant(&awkward(rows * n, (rows * 7 + nb) as u64))
+            };
             let a: Vec<BlockQ8K> = quant(&f32_vec(n_tok * n, (n_tok + nb) as u64, 1.0));
             let want: Vec<f32> = w
                 .chunks_exact(nb)
@@ -124,15 +159,11 @@ fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[Blo
             for (ri, row) in w.chunks_exact(nb).enumerate() {
                 let dot = W::vec_dot(k)(row, &a[..nb]);
                 let what = format!("{p}/{name} {rows}x{nb}x{n_tok} row {ri}");
-                assert_eq!(dot.to_bits(), want[ri * n_tok].to_bits(), "{what}: vec_dot");
-                assert_eq!(
-                    mv[ri].to_bits(),
-                    want[ri * n_tok].to_bits(),
-                    "{what}: matvec"
-                );
+                same(dot, want[ri * n_tok], &format!("{what}: vec_dot"));
+                same(mv[ri], want[ri * n_tok], &format!("{what}: matvec"));
                 for t in 0..n_tok {
                     let i = ri * n_tok + t;
-                    assert_eq!(mm[i].to_bits(), want[i].to_bits(), "{what} tok {t}: matmul");
+                    same(mm[i], want[i], &format!("{what} tok {t}: matmul"));
                 }
             }
         }
