@@ -139,7 +139,8 @@ fn check<W: WeightFormat<Activation = BlockQ8K>>(name: &str, seq: fn(&[W], &[Blo
             (3, 2, 5, false),
             (5, 8, 4, false),
             (2, 3, 9, false),
-            (7, 4, 5, true),
+            (3, 2, 19, false),
+            (7, 4, 17, true),
         ] {
             let n = nb * 256;
             let w: Vec<W> = if hostile {

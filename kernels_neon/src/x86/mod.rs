@@ -15,7 +15,7 @@
 //!   prefetched) and `matmul` (8 rows × 3 tokens), with a row's result independent of the
 //!   tiling; nothing allocated (activation scales converted into a stack scratch).
 //! - `kquant`: Q4_K, Q5_K and Q6_K against Q8_K, a super-block unpacked once per row and
-//!   shared by up to four tokens.
+//!   shared by up to sixteen tokens.
 //! - `packed`: products over weights interleaved 8 rows at a time (`avx512vnni` only).
 //! - `ops`: the f32 operations (Cephes `exp` polynomial in softmax/silu), f16 conversions
 //!   through F16C.
