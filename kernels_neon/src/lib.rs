@@ -14,6 +14,8 @@ mod attn;
 pub mod block;
 pub mod dispatch;
 pub mod hint;
+#[cfg(any(target_arch = "aarch64", target_arch = "x86_64"))]
+mod kseq;
 pub mod reference;
 
 #[macro_use]

@@ -14,7 +14,8 @@
 use super::dot::sdot;
 use super::fp16::h2f;
 use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-use crate::reference::{check_matmul, check_matvec, get_scale_min_k4};
+use crate::kseq::{finish_block, scales_mins};
+use crate::reference::{check_matmul, check_matvec};
 use core::arch::aarch64::*;
 
 /// Tokens of a matrix-matrix product that share one unpacking of a super-block.
@@ -78,18 +79,6 @@ fn s8(v: uint8x16_t) -> int8x16_t {
     unsafe { vreinterpretq_s8_u8(v) }
 }
 
-/// Q4_K and Q5_K scales and mins: sub-block `j` (32 values) has one scale for both halves.
-#[inline(always)]
-fn k_scales(scales: &[u8; 12]) -> ([i32; 16], [i32; 16]) {
-    let (mut sc, mut mins) = ([0i32; 16], [0i32; 16]);
-    for j in 0..8 {
-        let (s, m) = get_scale_min_k4(j, scales);
-        (sc[2 * j], sc[2 * j + 1]) = (s as i32, s as i32);
-        (mins[2 * j], mins[2 * j + 1]) = (m as i32, m as i32);
-    }
-    (sc, mins)
-}
-
 /// The levels of sub-blocks `2p` (low nibbles) and `2p + 1` (high) of a Q4_K/Q5_K block, with
 /// the fifth bits `(bit 2p, bit 2p + 1)` of `qh` when there is one.
 #[inline(always)]
@@ -123,7 +112,7 @@ impl KFormat for Q4K {
     type W = BlockQ4K;
     #[inline(always)]
     fn unpack(w: &BlockQ4K) -> Unpacked {
-        let (scale, bsum_mul) = k_scales(&w.scales);
+        let (scale, bsum_mul) = scales_mins(&w.scales);
         Unpacked {
             q: nibble_pairs(&w.qs, None),
             scale,
@@ -139,7 +128,7 @@ impl KFormat for Q5K {
     type W = BlockQ5K;
     #[inline(always)]
     fn unpack(w: &BlockQ5K) -> Unpacked {
-        let (scale, bsum_mul) = k_scales(&w.scales);
+        let (scale, bsum_mul) = scales_mins(&w.scales);
         Unpacked {
             q: nibble_pairs(&w.qs, Some(&w.qh)),
             scale,
@@ -210,7 +199,7 @@ fn zero_s8() -> int8x16_t {
 unsafe fn block<I: Dot16>(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut f32) {
     // SAFETY: NEON register intrinsics and `I::dot16`, which the caller vouches for; the
     // activations are 256 readable bytes, loaded 16 at a time.
-    let mut sumi = unsafe {
+    let sumi = unsafe {
         let mut v = vdupq_n_s32(0);
         for i in 0..16 {
             let y = vld1q_s8(a.qs[16 * i..16 * i + 16].as_ptr());
@@ -218,15 +207,7 @@ unsafe fn block<I: Dot16>(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut 
         }
         vaddvq_s32(v)
     };
-    let mut off = 0i32;
-    for (m, &b) in u.bsum_mul.iter().zip(&a.bsums) {
-        off = off.wrapping_add(m.wrapping_mul(b as i32));
-    }
-    match u.dmin {
-        Some(dmin) => *mins = (dmin * a.d).mul_add(off as f32, *mins),
-        None => sumi = sumi.wrapping_sub(off),
-    }
-    *acc = (u.d * a.d).mul_add(sumi as f32, *acc);
+    finish_block(sumi, u.d, u.dmin, &u.bsum_mul, a, acc, mins);
 }
 
 /// `out[t] = dot(row, a[t])` for `T` tokens of `nb` blocks each.

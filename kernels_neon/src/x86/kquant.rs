@@ -14,7 +14,8 @@
 
 use super::simd::{f16_to_f32, hsum_epi32, load_i8x32};
 use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-use crate::reference::{check_matmul, check_matvec, get_scale_min_k4};
+use crate::kseq::{finish_block, scales_mins};
+use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
 
 /// Tokens of a matrix-matrix product that share one unpacking of a super-block (4, 8, 16:
@@ -55,19 +56,16 @@ fn load_u8x32(x: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
 }
 
-/// Q4_K and Q5_K scales and mins: sub-block `j` (32 values) has one scale for both halves.
+/// Q4_K and Q5_K scales (as i16 lanes) and mins, per 16 values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn k_scales(scales: &[u8; 12]) -> ([__m256i; 8], [i32; 16]) {
-    let mut sc = [_mm256_setzero_si256(); 8];
-    let mut mins = [0i32; 16];
-    for j in 0..8 {
-        let (s, m) = get_scale_min_k4(j, scales);
-        sc[j] = _mm256_set1_epi16(s as i16);
-        mins[2 * j] = m as i32;
-        mins[2 * j + 1] = m as i32;
-    }
-    (sc, mins)
+    let (sc, mins) = scales_mins(scales);
+    // One scale per 32-value register: both its halves have sub-block j's.
+    (
+        std::array::from_fn(|j| _mm256_set1_epi16(sc[2 * j] as i16)),
+        mins,
+    )
 }
 
 struct Q4K;
@@ -207,16 +205,7 @@ fn block(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut f32) {
         let p = _mm256_maddubs_epi16(u.q[j], y);
         v = _mm256_add_epi32(v, _mm256_madd_epi16(p, u.scale[j]));
     }
-    let mut sumi = hsum_epi32(v);
-    let mut off = 0i32;
-    for (m, &b) in u.bsum_mul.iter().zip(&a.bsums) {
-        off = off.wrapping_add(m.wrapping_mul(b as i32));
-    }
-    match u.dmin {
-        Some(dmin) => *mins = (dmin * a.d).mul_add(off as f32, *mins),
-        None => sumi = sumi.wrapping_sub(off),
-    }
-    *acc = (u.d * a.d).mul_add(sumi as f32, *acc);
+    finish_block(hsum_epi32(v), u.d, u.dmin, &u.bsum_mul, a, acc, mins);
 }
 
 /// `out[t] = dot(row, a[t])` for `T` tokens of `nb` blocks each (`a`: `T · nb` blocks).
