@@ -28,6 +28,16 @@ impl ChatMessage {
     }
 }
 
+/// The tokenizer's BOS and EOS texts, as templates see them (empty when it has none).
+pub(super) fn special_texts(tok: &Tokenizer) -> (String, String) {
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.token_text(i))
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap_or_default()
+    };
+    (text(tok.bos()), text(tok.eos()))
+}
+
 /// A compiled chat template with the model's BOS/EOS texts.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -87,12 +97,8 @@ impl ChatTemplate {
 
     /// Compiles `source` with the tokenizer's BOS/EOS token texts.
     pub fn with_tokenizer(source: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
-        let text = |id: Option<u32>| {
-            id.and_then(|i| tok.token_text(i))
-                .map(|t| String::from_utf8_lossy(t).into_owned())
-                .unwrap_or_default()
-        };
-        ChatTemplate::new(source, &text(tok.bos()), &text(tok.eos()))
+        let (bos, eos) = special_texts(tok);
+        ChatTemplate::new(source, &bos, &eos)
     }
 
     /// The template stored in the model (`tokenizer.chat_template`).

@@ -5,6 +5,7 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::chat::special_texts;
 use super::{ChatTemplate, Tokenizer, TokenizerError};
 
 /// Most bytes of a template file (the largest templates models ship are ~10 KB).
@@ -32,18 +33,28 @@ pub fn built_in_for(arch: &str) -> Option<&'static str> {
 impl ChatTemplate {
     /// The built-in template `name`, with the tokenizer's BOS/EOS texts.
     pub fn built_in(name: &str, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        let (bos, eos) = special_texts(tok);
+        ChatTemplate::built_in_with(name, &bos, &eos)
+    }
+
+    /// The template a user names: a Jinja file, or (when no such file exists) the name of a
+    /// built-in template.
+    pub fn from_user(spec: &Path, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+        let (bos, eos) = special_texts(tok);
+        ChatTemplate::from_user_with(spec, &bos, &eos)
+    }
+
+    fn built_in_with(name: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TokenizerError> {
         let (_, source) = BUILT_IN.iter().find(|(n, _)| *n == name).ok_or_else(|| {
             TokenizerError::Template(format!(
                 "no built-in template {name:?} (built in: {})",
                 built_in_names().join(", ")
             ))
         })?;
-        Ok(ChatTemplate::with_tokenizer(source, tok)?.with_origin(format!("built-in '{name}'")))
+        Ok(ChatTemplate::new(source, bos, eos)?.with_origin(format!("built-in '{name}'")))
     }
 
-    /// The template a user names: a Jinja file, or (when no such file exists) the name of a
-    /// built-in template.
-    pub fn from_user(spec: &Path, tok: &Tokenizer) -> Result<ChatTemplate, TokenizerError> {
+    fn from_user_with(spec: &Path, bos: &str, eos: &str) -> Result<ChatTemplate, TokenizerError> {
         let shown = spec.display();
         let file = match std::fs::File::open(spec) {
             Ok(f) => f,
@@ -51,7 +62,7 @@ impl ChatTemplate {
                 if let Some(name) = spec.to_str()
                     && BUILT_IN.iter().any(|(n, _)| *n == name)
                 {
-                    return ChatTemplate::built_in(name, tok);
+                    return ChatTemplate::built_in_with(name, bos, eos);
                 }
                 return Err(TokenizerError::Template(format!(
                     "{shown}: no such file, nor a built-in template ({})",
@@ -72,7 +83,7 @@ impl ChatTemplate {
         }
         let source = String::from_utf8(bytes)
             .map_err(|_| TokenizerError::Template(format!("{shown}: not UTF-8")))?;
-        ChatTemplate::with_tokenizer(&source, tok)
+        ChatTemplate::new(&source, bos, eos)
             .map_err(|e| TokenizerError::Template(format!("{shown}: {e}")))
             .map(|t| t.with_origin(format!("from {shown}")))
     }
@@ -83,18 +94,13 @@ mod tests {
     use super::*;
     use crate::tokenizer::ChatMessage;
 
-    fn tok() -> Tokenizer {
-        let g = crate::gguf::Gguf::from_bytes(
-            "t.gguf",
-            crate::model::synth::synth_model_bytes(&Default::default()),
-        )
-        .unwrap();
-        Tokenizer::from_gguf(&g).unwrap()
+    /// `from_user` without a tokenizer: no BOS/EOS texts.
+    fn from_user(spec: &Path) -> Result<ChatTemplate, TokenizerError> {
+        ChatTemplate::from_user_with(spec, "", "")
     }
 
     #[test]
     fn a_named_template_is_a_file_or_a_built_in_name() {
-        let tok = tok();
         let dir = tempfile::tempdir().unwrap();
         let msgs = [ChatMessage::new("user", "hi")];
         let file = dir.path().join("t.jinja");
@@ -103,16 +109,16 @@ mod tests {
             "[{% for m in messages %}{{ m.content }}{% endfor %}]",
         )
         .unwrap();
-        let t = ChatTemplate::from_user(&file, &tok).unwrap();
+        let t = from_user(&file).unwrap();
         assert_eq!(t.render(&msgs, true).unwrap(), "[hi]");
         assert_eq!(t.origin(), format!("from {}", file.display()));
 
-        let t = ChatTemplate::from_user(Path::new("chatml"), &tok).unwrap();
+        let t = from_user(Path::new("chatml")).unwrap();
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
-        let t = ChatTemplate::from_user(Path::new("gemma"), &tok).unwrap();
+        let t = from_user(Path::new("gemma")).unwrap();
         let sys = [
             ChatMessage::new("system", "S"),
             ChatMessage::new("user", " hi "),
@@ -135,15 +141,9 @@ mod tests {
 
     #[test]
     fn a_template_file_that_is_missing_huge_binary_or_broken_is_an_error_naming_it() {
-        let tok = tok();
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
-        let err = |path: &Path| {
-            ChatTemplate::from_user(path, &tok)
-                .err()
-                .unwrap()
-                .to_string()
-        };
+        let err = |path: &Path| from_user(path).err().unwrap().to_string();
         let e = err(&p("none.jinja"));
         assert!(
             e.contains("none.jinja: no such file, nor a built-in template (chatml, gemma)"),
