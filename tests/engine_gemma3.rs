@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::vectors::{cases, floats, ids, pairs};
 use edgellm::engine::{Engine, EngineConfig};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
@@ -46,37 +47,6 @@ fn engine(model: &Arc<Model>, threads: usize) -> Engine {
         kv_type: KvType::F16,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
-}
-
-/// The cases of a vectors file: never none, or every loop over them would pass unasked.
-fn cases<'a>(data: &'a Value, file: &str) -> &'a [Value] {
-    let cases = data["cases"].as_array().map_or(&[][..], |v| v.as_slice());
-    assert!(!cases.is_empty(), "{file}: no cases");
-    cases
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn pairs(v: &Value) -> Vec<(u32, f32)> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
-        .collect()
 }
 
 /// Greedy generation of up to `n` tokens, stopping after an end-of-generation token.

@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::vectors::{cases, ids, pairs};
 use edgellm::engine::{Engine, EngineConfig, GenParams, Sampler, SamplingParams};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
@@ -29,29 +30,6 @@ fn engine(model: &Arc<Model>, threads: usize, kv_type: KvType) -> Engine {
         kv_type,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
-}
-
-/// The cases of a vectors file: never none, or every loop over them would pass unasked.
-fn cases<'a>(data: &'a Value, file: &str) -> &'a [Value] {
-    let cases = data["cases"].as_array().map_or(&[][..], |v| v.as_slice());
-    assert!(!cases.is_empty(), "{file}: no cases");
-    cases
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn pairs(v: &Value) -> Vec<(u32, f32)> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
-        .collect()
 }
 
 const EOG: [u32; 3] = [0, 2, 4];

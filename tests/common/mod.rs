@@ -11,6 +11,7 @@ pub mod mqtt;
 pub mod recovery;
 pub mod serial;
 pub mod tokens;
+pub mod vectors;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
