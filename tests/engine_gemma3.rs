@@ -61,19 +61,7 @@ fn greedy_with_margins(
     prompt: &[u32],
     n: usize,
 ) -> (Vec<u32>, Vec<f32>) {
-    let mut s = e.new_session();
-    let mut logits = e.feed(&mut s, prompt).unwrap().to_vec();
-    let (mut out, mut margins) = (Vec::new(), Vec::new());
-    for _ in 0..n {
-        let top = edgellm::engine::top_k_logits(&logits, 2);
-        out.push(top[0].0);
-        margins.push(top[0].1 - top[1].1);
-        if model.tokenizer.is_eog(top[0].0) {
-            break;
-        }
-        logits = e.feed(&mut s, &[top[0].0]).unwrap().to_vec();
-    }
-    (out, margins)
+    common::vectors::greedy(e, prompt, n, |t| model.tokenizer.is_eog(t))
 }
 
 /// After each prompt, the logits of llama.cpp's top-10 tokens are within the tolerance of its

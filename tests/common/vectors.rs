@@ -28,3 +28,27 @@ pub fn pairs(v: &Value) -> Vec<(u32, f32)> {
         .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
         .collect()
 }
+
+/// Greedy generation of up to `n` tokens after `prompt` (a new session), stopping after a
+/// token `is_eog` accepts; returns the ids and each step's top-1 margin (the runner-up's
+/// distance, where another implementation may legitimately branch).
+pub fn greedy(
+    e: &mut edgellm::engine::Engine,
+    prompt: &[u32],
+    n: usize,
+    is_eog: impl Fn(u32) -> bool,
+) -> (Vec<u32>, Vec<f32>) {
+    let mut s = e.new_session();
+    let mut logits = e.feed(&mut s, prompt).unwrap().to_vec();
+    let (mut out, mut margins) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let top = edgellm::engine::top_k_logits(&logits, 2);
+        out.push(top[0].0);
+        margins.push(top[0].1 - top[1].1);
+        if is_eog(top[0].0) {
+            break;
+        }
+        logits = e.feed(&mut s, &[top[0].0]).unwrap().to_vec();
+    }
+    (out, margins)
+}
