@@ -66,6 +66,17 @@ static LINK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// `socat`'s link in `dir` and `edgellm serve` as `device` with its `dev` end as a line-mode
 /// port at `baud`, once the port is open.
 fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Child, Daemon) {
+    serve_link_with(dir, broker, device, baud, &[])
+}
+
+/// [`serve_link`] with more environment for the daemon.
+fn serve_link_with(
+    dir: &Path,
+    broker: u16,
+    device: &str,
+    baud: u32,
+    env: &[(&str, &str)],
+) -> (Child, Daemon) {
     let link = socat(dir);
     let m = model_arg(&common::model_path("q4_0"));
     let dev = format!("{}:{baud}:line", dir.join("dev").display());
@@ -74,7 +85,7 @@ fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Child, Daemo
         &[
             "-m", &m, "--mqtt", &b, "--device", device, "--serial", &dev, "-c", "256",
         ],
-        &[("EDGELLM_LOG", "info")],
+        &[&[("EDGELLM_LOG", "info")], env].concat(),
     );
     d.wait_log(T, |l| l.contains("serial port open"));
     (link, d)
@@ -132,7 +143,15 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
     let _one = LINK_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
-    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp2", 115200);
+    // Every answer starts 1.5 s late (the test hook), so the line goes while it is being made:
+    // 64 tokens alone take ~0.25 s here, and the answer could be out before the cut.
+    let (mut link, mut d) = serve_link_with(
+        dir.path(),
+        broker.port,
+        "sp2",
+        115200,
+        &[("EDGELLM_TEST_HOOK", "stall_ms=1500")],
+    );
     assert_eq!(
         ask_link(dir.path(), "SET max_tokens=64"),
         "OK max_tokens=64"
