@@ -13,7 +13,7 @@
 
 use super::dot::sdot;
 use super::fp16::h2f;
-use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
 use crate::kseq::{finish_block, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use core::arch::aarch64::*;
@@ -107,19 +107,25 @@ fn nibble_pairs(qs: &[u8; 128], qh: Option<&[u8; 32]>) -> [int8x16_t; 16] {
     }
 }
 
+/// A Q4_K (`qh = None`) or Q5_K block unpacked.
+#[inline(always)]
+fn q4_q5(qs: &[u8; 128], qh: Option<&[u8; 32]>, scales: &[u8; 12], d: f16, dmin: f16) -> Unpacked {
+    let (scale, bsum_mul) = scales_mins(scales);
+    Unpacked {
+        q: nibble_pairs(qs, qh),
+        scale,
+        d: h2f(d),
+        bsum_mul,
+        dmin: Some(h2f(dmin)),
+    }
+}
+
 struct Q4K;
 impl KFormat for Q4K {
     type W = BlockQ4K;
     #[inline(always)]
     fn unpack(w: &BlockQ4K) -> Unpacked {
-        let (scale, bsum_mul) = scales_mins(&w.scales);
-        Unpacked {
-            q: nibble_pairs(&w.qs, None),
-            scale,
-            d: h2f(w.d),
-            bsum_mul,
-            dmin: Some(h2f(w.dmin)),
-        }
+        q4_q5(&w.qs, None, &w.scales, w.d, w.dmin)
     }
 }
 
@@ -128,14 +134,7 @@ impl KFormat for Q5K {
     type W = BlockQ5K;
     #[inline(always)]
     fn unpack(w: &BlockQ5K) -> Unpacked {
-        let (scale, bsum_mul) = scales_mins(&w.scales);
-        Unpacked {
-            q: nibble_pairs(&w.qs, Some(&w.qh)),
-            scale,
-            d: h2f(w.d),
-            bsum_mul,
-            dmin: Some(h2f(w.dmin)),
-        }
+        q4_q5(&w.qs, Some(&w.qh), &w.scales, w.d, w.dmin)
     }
 }
 

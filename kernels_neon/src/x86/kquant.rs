@@ -13,7 +13,7 @@
 //! No level times activation pair overflows `maddubs`' i16: 63 · 127 · 2 < 2^15.
 
 use super::simd::{f16_to_f32, hsum_epi32, load_i8x32};
-use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
 use crate::kseq::{finish_block, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
@@ -74,27 +74,7 @@ impl KFormat for Q4K {
     #[inline(always)]
     fn unpack(w: &BlockQ4K) -> Unpacked {
         // SAFETY: called only from the `target_feature` bodies below.
-        unsafe { unpack_q4k(w) }
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q4k(w: &BlockQ4K) -> Unpacked {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let mut q = [_mm256_setzero_si256(); 8];
-    for p in 0..4 {
-        let b = load_u8x32(&w.qs[32 * p..]);
-        q[2 * p] = _mm256_and_si256(b, m4);
-        q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(b), m4);
-    }
-    let (scale, bsum_mul) = k_scales(&w.scales);
-    Unpacked {
-        q,
-        scale,
-        d: f16_to_f32(w.d),
-        bsum_mul,
-        dmin: Some(f16_to_f32(w.dmin)),
+        unsafe { unpack_q4_q5(&w.qs, None, &w.scales, w.d, w.dmin) }
     }
 }
 
@@ -104,35 +84,48 @@ impl KFormat for Q5K {
     #[inline(always)]
     fn unpack(w: &BlockQ5K) -> Unpacked {
         // SAFETY: called only from the `target_feature` bodies below.
-        unsafe { unpack_q5k(w) }
+        unsafe { unpack_q4_q5(&w.qs, Some(&w.qh), &w.scales, w.d, w.dmin) }
     }
 }
 
+/// A Q4_K block (`qh = None`) or a Q5_K block with its fifth bits: sub-block `2p` is the low
+/// nibbles of `qs[32p..]`, `2p + 1` the high ones; bit `2p` / `2p + 1` of `qh[l]` is value
+/// `l`'s fifth bit in them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn unpack_q5k(w: &BlockQ5K) -> Unpacked {
+fn unpack_q4_q5(
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    scales: &[u8; 12],
+    d: f16,
+    dmin: f16,
+) -> Unpacked {
     let m4 = _mm256_set1_epi8(0x0f);
     let sixteen = _mm256_set1_epi8(16);
-    let qh = load_u8x32(&w.qh);
-    let mut q = [_mm256_setzero_si256(); 8];
-    for p in 0..4 {
-        let b = load_u8x32(&w.qs[32 * p..]);
-        // Bit 2p of qh[l] is value l's fifth bit in sub-block 2p, bit 2p + 1 in 2p + 1.
-        let bit = |k: i32| {
+    let qh = qh.map(|h| load_u8x32(h));
+    let bit = |k: usize| match qh {
+        Some(qh) => {
             let m = _mm256_set1_epi8((1u8 << k) as i8);
             _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), sixteen)
-        };
-        let (h1, h2) = (bit(2 * p as i32), bit(2 * p as i32 + 1));
-        q[2 * p] = _mm256_or_si256(_mm256_and_si256(b, m4), h1);
-        q[2 * p + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b), m4), h2);
+        }
+        None => _mm256_setzero_si256(),
+    };
+    let mut q = [_mm256_setzero_si256(); 8];
+    for p in 0..4 {
+        let b = load_u8x32(&qs[32 * p..]);
+        q[2 * p] = _mm256_or_si256(_mm256_and_si256(b, m4), bit(2 * p));
+        q[2 * p + 1] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(b), m4),
+            bit(2 * p + 1),
+        );
     }
-    let (scale, bsum_mul) = k_scales(&w.scales);
+    let (scale, bsum_mul) = k_scales(scales);
     Unpacked {
         q,
         scale,
-        d: f16_to_f32(w.d),
+        d: f16_to_f32(d),
         bsum_mul,
-        dmin: Some(f16_to_f32(w.dmin)),
+        dmin: Some(f16_to_f32(dmin)),
     }
 }
 
