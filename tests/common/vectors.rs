@@ -52,3 +52,38 @@ pub fn greedy(
     }
     (out, margins)
 }
+
+/// One case of a `logits.json`: the logits of llama.cpp's top-10 tokens for `quant` are within
+/// the tolerance of its default or precise path (`tol = max(1.25 · its own spread, floor)`), and
+/// our top-1 is theirs unless theirs is a near-tie (margin < tol). Returns whether our top-1 is
+/// one of theirs and the largest difference.
+pub fn check_top_logits(case: &Value, quant: &str, logits: &[f32], floor: f32) -> (bool, f32) {
+    let id = &case["id"];
+    let default = pairs(&case["top10"][quant]);
+    let precise = pairs(&case["top10_kv_f32_fa_off"][quant]);
+    let spread = case["max_abs_logit_diff_default_vs_kv_f32_fa_off"][quant]
+        .as_f64()
+        .unwrap() as f32;
+    let tol = (1.25 * spread).max(floor);
+    assert!(default.len() >= 2, "{quant} {id}: no top-10");
+    let mut worst = 0.0f32;
+    for (tok, want) in &default {
+        let alt = precise.iter().find(|p| p.0 == *tok).map_or(*want, |p| p.1);
+        let got = logits[*tok as usize];
+        let err = (got - want).abs().min((got - alt).abs());
+        worst = worst.max(err);
+        assert!(
+            err <= tol,
+            "{quant} {id}: logit of {tok} is {got}, llama.cpp {want} / {alt} (tol {tol})"
+        );
+    }
+    let ours = edgellm::engine::top_k_logits(logits, 1)[0].0;
+    let theirs = ours == default[0].0 || ours == precise[0].0;
+    let margin = default[0].1 - default[1].1;
+    assert!(
+        theirs || margin < tol,
+        "{quant} {id}: top-1 {ours}, llama.cpp {} by a margin of {margin}",
+        default[0].0
+    );
+    (theirs, worst)
+}
