@@ -203,50 +203,13 @@ fn greedy_ids_are_identical_across_architectures() {
         std::fs::write(&path, serde_json::to_string(&all).unwrap()).unwrap();
     }
     if let Some(path) = std::env::var_os("EDGELLM_GEMMA_IDS_EXPECT") {
-        compare_with_other_architecture(&all, &path);
-    }
-}
-
-fn compare_with_other_architecture(all: &[Value], path: &std::ffi::OsStr) {
-    let other: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(other.len(), all.len(), "{}: cases", path.to_string_lossy());
-    for (mine, theirs) in all.iter().zip(&other) {
-        assert_eq!(mine["id"], theirs["id"]);
-        let (a, b) = (ids(&mine["ids"]), ids(&theirs["ids"]));
-        let m = floats(&theirs["margins"]);
-        assert!(
-            !b.is_empty() && m.len() == b.len(),
-            "{}: ids and margins",
-            mine["id"]
-        );
-        let upto = m
-            .iter()
-            .position(|&x| x < 1e-3)
-            .map_or(a.len().max(b.len()), |i| i + 1);
-        assert_eq!(
-            a[..upto.min(a.len())],
-            b[..upto.min(b.len())],
-            "{} on {} vs the other architecture",
-            mine["id"],
-            std::env::consts::ARCH
+        // The margins are differences of logits: how far the architectures' logits are apart.
+        let gap = common::vectors::compare_with_other_architecture(&all, &path);
+        eprintln!(
+            "engine_gemma3: {} greedy ids identical to the other architecture's on {} cases \
+             (largest margin difference {gap:e})",
+            std::env::consts::ARCH,
+            all.len()
         );
     }
-    // How far the two architectures' logits are apart, for the log (the margins are
-    // differences of logits).
-    let gap = all
-        .iter()
-        .zip(&other)
-        .flat_map(|(m, t)| {
-            floats(&m["margins"])
-                .into_iter()
-                .zip(floats(&t["margins"]))
-                .map(|(a, b)| (a - b).abs())
-        })
-        .fold(0.0f32, f32::max);
-    eprintln!(
-        "engine_gemma3: {} greedy ids identical to the other architecture's on {} cases \
-         (largest margin difference {gap:e})",
-        std::env::consts::ARCH,
-        other.len()
-    );
 }

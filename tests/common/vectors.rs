@@ -87,3 +87,43 @@ pub fn check_top_logits(case: &Value, quant: &str, logits: &[f32], floor: f32) -
     );
     (theirs, worst)
 }
+
+/// Greedy runs of this architecture (`all`: `{"id", "ids", "margins"}` per case) against the
+/// other architecture's file at `path`: the same cases in the same order, and identical ids up
+/// to the first step the other run saw as a near-exact tie (margin < 1e-3; the two
+/// architectures' kernels may round differently). Returns the largest difference of a step's
+/// margin between the two, for the log.
+pub fn compare_with_other_architecture(all: &[Value], path: &std::ffi::OsStr) -> f32 {
+    let shown = path.to_string_lossy();
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{shown}: {e}"));
+    let other: Vec<Value> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{shown}: {e}"));
+    // The same cases, in the same order: an empty or shorter file compares nothing.
+    let names = |v: &[Value]| v.iter().map(|c| c["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&other),
+        names(all),
+        "{shown}: the other architecture's cases"
+    );
+    let mut gap = 0.0f32;
+    for (mine, theirs) in all.iter().zip(&other) {
+        let id = &mine["id"];
+        let (a, b) = (ids(&mine["ids"]), ids(&theirs["ids"]));
+        let m = floats(&theirs["margins"]);
+        assert!(!b.is_empty(), "{id}: no ids from the other architecture");
+        assert_eq!(m.len(), b.len(), "{id}: a margin per id");
+        let upto = m
+            .iter()
+            .position(|&x| x < 1e-3)
+            .map_or(a.len().max(b.len()), |i| i + 1);
+        assert_eq!(
+            a[..upto.min(a.len())],
+            b[..upto.min(b.len())],
+            "{id} on {} vs the other architecture",
+            std::env::consts::ARCH
+        );
+        for (x, y) in floats(&mine["margins"]).into_iter().zip(m) {
+            gap = gap.max((x - y).abs());
+        }
+    }
+    gap
+}
