@@ -257,3 +257,77 @@ fn seeded_sampling_is_reproducible_across_thread_counts() {
     assert_eq!(a, run(3, 42), "1 vs 3 threads");
     assert_ne!(a, run(1, 43), "another seed, the same 40 tokens");
 }
+
+/// Sliding-window layers keep a ring of their recent positions, shifted as a session grows:
+/// through prompts fed in pieces of every size, shifts and rewinds (within the ring's slack,
+/// and deeper, which starts again from position 0), the logits stay the golden pass's, whose
+/// cache holds every position.
+#[test]
+fn sliding_window_rings_match_the_golden_pass_through_shifts_and_rewinds() {
+    let gemma7 = SynthSpec {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: Some(32),
+        sliding_window: 7,
+        seed: 21,
+        ..SynthSpec::gemma3()
+    };
+    for spec in [SynthSpec::gemma3(), gemma7] {
+        let model = Arc::new(synth_model(&spec));
+        let window = spec.sliding_window;
+        let n = 60;
+        let toks = tokens(n, spec.n_vocab);
+        let golden = golden_logits(&model, &toks, KvType::F16);
+        let cfg = EngineConfig {
+            n_ctx: 64,
+            chunk: 8,
+            threads: 2,
+            kv_type: KvType::F16,
+        };
+        let k = Kernels::for_path(Path::Reference).unwrap();
+        let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();
+        let mut s = e.new_session();
+        assert!(s.kv.ring() < n / 2, "window {window}: ring {}", s.kv.ring());
+        let mut at = 0;
+        for piece in [1, 3, 8, 13, 2, 9, 1, 1, 7, 15] {
+            let got = e.feed(&mut s, &toks[at..at + piece]).unwrap().to_vec();
+            at += piece;
+            let err = rel_err(&got, &golden[at - 1]);
+            assert!(
+                err < 1e-5,
+                "window {window}: after {at}: relative error {err}"
+            );
+        }
+        assert_eq!(at, n);
+        assert!(s.kv.window_base() > 0, "window {window}: the ring shifted");
+        for back in [1, 4, window, window + 8, 2 * window + 9, 30] {
+            let mut s = e.new_session();
+            e.feed(&mut s, &toks).unwrap();
+            let m = s.truncate(n - back);
+            assert!(
+                m == n - back || m == 0,
+                "window {window}: rewind by {back} kept {m}"
+            );
+            if back <= window {
+                assert_eq!(
+                    m,
+                    n - back,
+                    "window {window}: a rewind by {back} is in the slack"
+                );
+            }
+            if back > s.kv.ring() {
+                assert_eq!(m, 0, "window {window}: a rewind by {back} is past the ring");
+            }
+            // Another continuation from there.
+            let mut other = toks[..n - back].to_vec();
+            other.extend((0..back).map(|i| ((i * 53 + 7) % spec.n_vocab) as u32));
+            let want = golden_logits(&model, &other, KvType::F16);
+            let got = e.feed(&mut s, &other[m..]).unwrap().to_vec();
+            let err = rel_err(&got, &want[n - 1]);
+            assert!(
+                err < 1e-5,
+                "window {window}: rewind by {back} (kept {m}): error {err}"
+            );
+        }
+    }
+}

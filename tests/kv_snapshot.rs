@@ -258,12 +258,12 @@ fn another_model_quant_context_type_or_version_is_refused() {
 
     // A future version with a valid header checksum.
     let mut b = files[0].clone();
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let c = snapshot::crc32c(&b[..60]);
-    b[60..64].copy_from_slice(&c.to_le_bytes());
+    b[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let c = snapshot::crc32c(&b[..68]);
+    b[68..72].copy_from_slice(&c.to_le_bytes());
     std::fs::write(&path, &b).unwrap();
     let e = load(&model, CTX, KvType::F16).unwrap_err();
-    assert!(e.contains("format version 2 is newer"), "{e}");
+    assert!(e.contains("format version 3 is newer"), "{e}");
     // Not a snapshot at all.
     std::fs::write(&path, b"GGUF and more").unwrap();
     let e = load(&model, CTX, KvType::F16).unwrap_err();

@@ -358,8 +358,9 @@ fn damaged_session_files_are_recomputed_from_their_tokens() {
     assert!(matches!(r.save, Ok(SaveKind::Appended { .. })), "{r:?}");
     drop(st);
 
-    // Header 64 bytes, record header 20, token ids, their CRC: then the first record's rows.
-    flip(64 + 20 + 4 * len1 + 4 + 10);
+    // The file header, the record header, token ids, their CRC: then the first record's rows.
+    use edgellm::kv::snapshot::{HEADER_LEN, RECORD_HEADER_LEN};
+    flip(HEADER_LEN + RECORD_HEADER_LEN + 4 * len1 + 4 + 10);
     let mut st = open(&e, dir.path(), 1, u64::MAX);
     let (g, r) = turn(&mut st, &mut e, "bad", &p2);
     match &r.source {
@@ -506,9 +507,9 @@ fn a_crafted_file_with_foreign_token_ids_is_answered_from_scratch_and_saved_to_i
     let bad: Vec<u32> = vec![300, 301, 4_000_000_000];
     let rows = vec![0u8; g.kv_bytes(3).unwrap() as usize];
     let mut b = encode_header(&g).to_vec();
-    encode_record(&g, 0, &bad, &rows, &mut b);
+    encode_record(&g, 0, &bad, 3, &rows, &mut b);
     let first_end = b.len();
-    encode_record(&g, 3, &bad, &rows, &mut b);
+    encode_record(&g, 3, &bad, 3, &rows, &mut b);
     b[first_end - 10] ^= 1; // the first record's rows: corruption, not a torn tail
     std::fs::write(st.session_path(&id("b")), &b).unwrap();
 

@@ -168,7 +168,9 @@ pub fn run(a: Args) -> CliResult {
                 a.repetitions,
                 a.n_prompt,
                 || {
-                    s.truncate(at);
+                    if s.truncate(at) != at {
+                        return Err(format!("the session cannot be rewound to the depth {at}"));
+                    }
                     e.feed(&mut s, &prompt)
                         .map(|_| ())
                         .map_err(|e| e.to_string())

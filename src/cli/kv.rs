@@ -98,21 +98,36 @@ fn inspect(f: &InspectArgs) -> CliResult {
     let g = &p.geometry;
     println!("file:         {}", f.file.display());
     println!("size:         {size} bytes ({} valid)", p.valid_len);
-    println!("version:      {}", edgellm::kv::snapshot::VERSION);
+    println!("version:      {}", g.version);
     println!("fingerprint:  {}", hex(&g.fingerprint));
     println!("n_layer:      {}", g.n_layer);
     println!("kv_dim:       {}", g.kv_dim);
     println!("cache type:   {}", g.dtype);
     println!("n_ctx:        {}", g.n_ctx);
+    match g.window {
+        Some(w) => println!(
+            "window:       {} positions on {} of {} layers (rows from position {})",
+            w.size,
+            g.sliding_layers(),
+            g.n_layer,
+            p.window_from
+        ),
+        None => println!("window:       none"),
+    }
     println!("tokens:       {}", p.tokens.len());
     println!("records:      {}", p.records.len());
     for (i, r) in p.records.iter().enumerate() {
         println!(
-            "  #{i:<4} offset {:>10}  positions {:>6}..{:<6} {:>10} bytes",
+            "  #{i:<4} offset {:>10}  positions {:>6}..{:<6} {:>10} bytes{}",
             r.offset,
             r.first,
             r.first + r.count,
-            r.len()
+            r.len(),
+            if r.window_rows < r.count {
+                format!("  (window rows: last {})", r.window_rows)
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(t) = &p.torn {

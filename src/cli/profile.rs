@@ -111,7 +111,11 @@ pub fn run(
     let mut phases = Vec::new();
     e.set_profiling(true);
     if !prompt.is_empty() {
-        s.truncate(depth);
+        if s.truncate(depth) != depth {
+            return Err(format!(
+                "the session cannot be rewound to the depth {depth}"
+            ));
+        }
         e.profile_mut().reset();
         let t0 = Instant::now();
         e.feed(s, prompt).map_err(|e| e.to_string())?;
@@ -120,7 +124,11 @@ pub fn run(
         phases.push(Phase::new(name, threads, prompt.len(), wall, e.profile()));
     }
     if n_gen > 0 {
-        s.truncate(depth);
+        if s.truncate(depth) != depth {
+            return Err(format!(
+                "the session cannot be rewound to the depth {depth}"
+            ));
+        }
         e.profile_mut().reset();
         let t0 = Instant::now();
         // As bench's tg run, with the argmax timed as the sampling step.

@@ -98,8 +98,7 @@ impl Engine {
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let reuse = common.min(prompt.len() - 1);
-        s.truncate(reuse);
+        let reuse = s.truncate(common.min(prompt.len() - 1));
         let mut generated = Vec::with_capacity(params.max_tokens.min(s.kv.n_ctx()));
         let mut timings = Timings {
             restored_tokens: reuse,

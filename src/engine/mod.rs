@@ -8,7 +8,7 @@ pub mod store;
 pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
 pub use sampler::{Sampler, SamplingError, SamplingParams};
 
-use crate::kv::{Geometry, KvCache, KvType};
+use crate::kv::{KvCache, KvType};
 use crate::model::Model;
 use crate::model::forward::{Arena, forward};
 use crate::runtime::pool::{self, Pool};
@@ -98,17 +98,23 @@ impl Session {
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
-    /// Forgets every position from `n` on (keeps the first `n`).
-    pub fn truncate(&mut self, n: usize) {
+    /// Forgets every position from `n` on and returns how many positions are kept: `n`, or 0
+    /// when the sliding-window layers no longer hold what position `n` attends to (a rewind
+    /// deeper than their ring keeps: the session starts again, as llama.cpp's does).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let n = n.min(self.tokens.len());
+        let n = if self.kv.can_keep(n) { n } else { 0 };
         self.tokens.truncate(n);
+        n
     }
     /// Declares that the cache holds the K/V rows of `tokens` at positions `0..tokens.len()`
     /// (after restoring them from a snapshot with [`KvCache::read_rows`]). Panics if they do
-    /// not fit the context.
+    /// not fit the context, or the sliding-window layers do not hold the positions the next
+    /// token attends to.
     pub fn restore_tokens(&mut self, tokens: &[u32]) {
         assert!(
-            tokens.len() <= self.kv.n_ctx(),
-            "restored tokens exceed the context"
+            tokens.len() <= self.kv.n_ctx() && self.kv.can_keep(tokens.len()),
+            "restored tokens exceed the context or the window"
         );
         self.tokens.clear();
         self.tokens.extend_from_slice(tokens);
@@ -127,13 +133,26 @@ pub struct Footprint {
 impl Footprint {
     /// The footprint of an engine of `cfg` on `model`; `None` if a size overflows.
     pub fn of(model: &Model, cfg: &EngineConfig) -> Option<Footprint> {
-        let kv = Geometry::of(model, cfg.n_ctx, cfg.kv_type).kv_bytes(cfg.n_ctx as u64)?;
+        let kv = session_kv_bytes(model, cfg)?;
         Some(Footprint {
             weights: model.gguf().file_size(),
             kv_per_session: kv,
             arena: Arena::bytes_for(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads) as u64,
         })
     }
+}
+
+/// Bytes of one session's KV cache (its sliding-window layers in rings); `None` on overflow.
+pub fn session_kv_bytes(model: &Model, cfg: &EngineConfig) -> Option<u64> {
+    let hp = &model.hp;
+    KvCache::bytes_for(
+        hp.n_layer,
+        cfg.n_ctx,
+        hp.kv_dim(),
+        cfg.kv_type,
+        hp.kv_window(),
+        cfg.chunk,
+    )
 }
 
 /// One model, its kernels, its thread pool and its activation buffers.
@@ -236,17 +255,24 @@ impl Engine {
 
     /// A new, empty session with its own KV cache (allocated here, once).
     pub fn new_session(&self) -> Session {
-        let hp = &self.model.hp;
         Session {
-            kv: KvCache::new(
-                hp.n_layer,
-                self.cfg.n_ctx,
-                hp.n_head_kv,
-                hp.head_dim,
-                self.cfg.kv_type,
-            ),
+            kv: self.new_cache(self.cfg.n_ctx),
             tokens: Vec::with_capacity(self.cfg.n_ctx),
         }
+    }
+
+    /// A KV cache of `n_ctx` positions for this engine's model, type and batches.
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        let hp = &self.model.hp;
+        KvCache::with_window(
+            hp.n_layer,
+            n_ctx,
+            hp.n_head_kv,
+            hp.head_dim,
+            self.cfg.kv_type,
+            hp.kv_window(),
+            self.cfg.chunk,
+        )
     }
 
     /// Turns per-op timing on or off (off at load). The counters keep accumulating across

@@ -5,7 +5,8 @@
 //! are one contiguous run, which the hardware prefetchers stream. (Position-major rows made a
 //! head's reads a stride of `kv_dim` with 1/`n_head_kv` of each row used: latency-bound.)
 //! Snapshots keep position-major rows (`kv_dim` elements in head order), so their format does
-//! not depend on this choice.
+//! not depend on this choice. Sliding-window layers hold a ring of their recent positions
+//! (see [`KvCache`]).
 
 use kernels_neon::{Kernels, f16, hint};
 use std::fmt;
@@ -48,12 +49,64 @@ enum Store {
     F32 { k: Vec<f32>, v: Vec<f32> },
 }
 
-/// Keys and values of every layer for positions `0..n_ctx`.
+/// Sliding-window attention as the cache sees it: which layers attend only to their last
+/// `size` positions (the query's own included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub size: usize,
+    /// Layer `l` slides iff `l % pattern < pattern - 1` (ggml's standard pattern: one global
+    /// layer in every `pattern`).
+    pub pattern: usize,
+}
+
+impl Window {
+    pub fn slides(&self, l: usize) -> bool {
+        self.pattern > 0 && l % self.pattern < self.pattern - 1
+    }
+}
+
+/// Slots of a sliding layer's ring and the positions a shift keeps, for a context of `n_ctx`
+/// and batches of at most `max_batch` positions. `keep` is the window minus one (what the
+/// next token attends to) plus a window of slack, so that a session rewound by up to a window
+/// (a chat template rendered again) goes on without recomputing; the gap above it, at least
+/// one batch, is how often the ring shifts. Without a window (or when the ring would be no
+/// shorter), `n_ctx` slots: a position's slot is the position.
+pub fn ring_shape(n_ctx: usize, window: Option<Window>, max_batch: usize) -> (usize, usize) {
+    match window {
+        Some(w) if w.size > 0 => {
+            let keep = w.size.saturating_mul(2) - 1;
+            let gap = max_batch.max(w.size / 2).max(1);
+            let ring = n_ctx.min(keep.saturating_add(gap));
+            (ring, keep.min(ring))
+        }
+        _ => (n_ctx, n_ctx),
+    }
+}
+
+/// Keys and values of every layer for positions `0..n_ctx`; a sliding-window layer holds only
+/// a ring of its most recent positions.
+///
+/// The ring: slot = position − `base`, one `base` for every sliding layer (they are written
+/// by the same forward passes). When a batch would run past the ring's end, the last `keep`
+/// positions move to its start, one `memmove` per head every `ring − keep` positions, so
+/// attention still reads one contiguous run in position order and gives bit for bit what a
+/// cache of every position gives. (A modulo ring would split the run in two and sum in
+/// another order.) Gemma 3 270M at 32k positions: 15 of its 18 layers hold 1279 slots, not
+/// 32768.
 pub struct KvCache {
     n_layer: usize,
     n_ctx: usize,
     n_head_kv: usize,
     head_dim: usize,
+    window: Option<Window>,
+    /// Slots of a sliding layer (`n_ctx` without a window).
+    ring: usize,
+    /// Positions kept when the ring shifts.
+    keep: usize,
+    /// The position in slot 0 of every sliding layer: the oldest one they hold.
+    base: usize,
+    /// Element offset of each layer's run, and the total.
+    offsets: Vec<usize>,
     store: Store,
 }
 
@@ -66,8 +119,30 @@ impl KvCache {
         head_dim: usize,
         ty: KvType,
     ) -> KvCache {
+        KvCache::with_window(n_layer, n_ctx, n_head_kv, head_dim, ty, None, 1)
+    }
+
+    /// As [`KvCache::new`], with the sliding layers of `window` in rings (see
+    /// [`ring_shape`]) for forward passes of at most `max_batch` positions.
+    pub fn with_window(
+        n_layer: usize,
+        n_ctx: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        ty: KvType,
+        window: Option<Window>,
+        max_batch: usize,
+    ) -> KvCache {
+        let (ring, keep) = ring_shape(n_ctx, window, max_batch);
         let kv_dim = n_head_kv * head_dim;
-        let n = n_layer * n_ctx * kv_dim;
+        let mut offsets = Vec::with_capacity(n_layer + 1);
+        let mut n = 0;
+        for l in 0..n_layer {
+            offsets.push(n);
+            let slides = window.is_some_and(|w| w.slides(l));
+            n += if slides { ring } else { n_ctx } * kv_dim;
+        }
+        offsets.push(n);
         // Zeroed allocations (calloc): the kernel backs pages on first write, so a cache sized
         // for a long context costs RAM only for the positions a conversation reaches.
         let store = match ty {
@@ -85,8 +160,35 @@ impl KvCache {
             n_ctx,
             n_head_kv,
             head_dim,
+            window,
+            ring,
+            keep,
+            base: 0,
+            offsets,
             store,
         }
+    }
+
+    /// Bytes [`KvCache::with_window`] would allocate, without allocating them; `None` on
+    /// overflow.
+    pub fn bytes_for(
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+        ty: KvType,
+        window: Option<Window>,
+        max_batch: usize,
+    ) -> Option<u64> {
+        let (ring, _) = ring_shape(n_ctx, window, max_batch);
+        let sliding = (0..n_layer)
+            .filter(|&l| window.is_some_and(|w| w.slides(l)))
+            .count();
+        let slots = ((n_layer - sliding) as u64)
+            .checked_mul(n_ctx as u64)?
+            .checked_add((sliding as u64).checked_mul(ring as u64)?)?;
+        slots
+            .checked_mul(2 * kv_dim as u64)?
+            .checked_mul(ty.bytes() as u64)
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -104,23 +206,102 @@ impl KvCache {
             Store::F32 { .. } => KvType::F32,
         }
     }
+    pub fn window(&self) -> Option<Window> {
+        self.window
+    }
+    /// Slots of a sliding layer's ring (`n_ctx` without a window).
+    pub fn ring(&self) -> usize {
+        self.ring
+    }
+    /// The oldest position the sliding layers hold (0 without a window).
+    pub fn window_base(&self) -> usize {
+        self.base
+    }
 
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layer * self.n_ctx * self.kv_dim() * self.ty().bytes()
+        2 * self.offsets[self.n_layer] * self.ty().bytes()
+    }
+
+    fn slides(&self, l: usize) -> bool {
+        self.window.is_some_and(|w| w.slides(l))
+    }
+
+    /// Slots of layer `l`.
+    fn slots(&self, l: usize) -> usize {
+        if self.slides(l) {
+            self.ring
+        } else {
+            self.n_ctx
+        }
     }
 
     /// Where head `g` of layer `l` at position `pos` starts.
     fn at(&self, l: usize, g: usize, pos: usize) -> usize {
-        ((l * self.n_head_kv + g) * self.n_ctx + pos) * self.head_dim
+        let (slots, slot) = if self.slides(l) {
+            (self.ring, pos - self.base)
+        } else {
+            (self.n_ctx, pos)
+        };
+        debug_assert!(slot < slots, "layer {l} position {pos}: outside the cache");
+        self.offsets[l] + (g * slots + slot) * self.head_dim
+    }
+
+    /// Whether a session can keep its first `m` positions and go on from there: always,
+    /// except when the sliding layers no longer hold the positions the token at `m` attends
+    /// to (they were shifted out of the ring). Then only starting again from 0 is right.
+    pub fn can_keep(&self, m: usize) -> bool {
+        match self.window {
+            Some(w) if m > 0 && self.base > 0 => self.base + w.size <= m + 1,
+            _ => true,
+        }
+    }
+
+    /// Makes room for a forward pass writing positions `p0..p0 + n` after positions
+    /// `0..p0` (which [`KvCache::can_keep`] allows): shifts the rings when they would overflow.
+    /// From position 0 the rings start again empty.
+    pub fn make_room(&mut self, p0: usize, n: usize) {
+        if p0 == 0 {
+            self.base = 0;
+        }
+        if self.window.is_none() || p0 + n <= self.base + self.ring {
+            return;
+        }
+        assert!(
+            n <= self.ring,
+            "a batch of {n} positions overflows the ring"
+        );
+        debug_assert!(self.can_keep(p0), "position {p0} is no longer in the ring");
+        let keep = self.keep.min(self.ring - n).min(p0 - self.base);
+        let from = p0 - keep - self.base;
+        let len = keep * self.head_dim;
+        let w = self.window;
+        for l in (0..self.n_layer).filter(|&l| w.is_some_and(|w| w.slides(l))) {
+            for g in 0..self.n_head_kv {
+                let a = self.offsets[l] + g * self.ring * self.head_dim;
+                let src = a + from * self.head_dim..a + from * self.head_dim + len;
+                match &mut self.store {
+                    Store::F16 { k, v } => {
+                        k.copy_within(src.clone(), a);
+                        v.copy_within(src, a);
+                    }
+                    Store::F32 { k, v } => {
+                        k.copy_within(src.clone(), a);
+                        v.copy_within(src, a);
+                    }
+                }
+            }
+        }
+        self.base = p0 - keep;
     }
 
     /// The element ranges of positions `pos0..pos0 + n` of layer `l`, head by head, each with
     /// its offset in those positions' `kv_dim`-wide rows (the snapshot's order).
     fn head_runs(&self, l: usize, pos0: usize, n: usize) -> HeadRuns {
         HeadRuns {
-            base: self.at(l, 0, pos0),
-            n_ctx: self.n_ctx,
+            // An empty run may start one past the last slot.
+            base: if n == 0 { 0 } else { self.at(l, 0, pos0) },
+            slots: self.slots(l),
             n_head_kv: self.n_head_kv,
             hd: self.head_dim,
             i: 0,
@@ -128,66 +309,106 @@ impl KvCache {
         }
     }
 
+    /// The positions of `range` whose rows layer `l` holds: all of them, or on a sliding
+    /// layer those from the ring's base.
+    fn held(&self, l: usize, range: &std::ops::Range<usize>) -> std::ops::Range<usize> {
+        if self.slides(l) {
+            range.start.max(self.base).min(range.end)..range.end
+        } else {
+            range.clone()
+        }
+    }
+
     /// Appends the little-endian bytes of positions `range` in the snapshot record order: for
-    /// each layer, its K rows then its V rows. `range` must lie within `0..n_ctx`.
-    pub fn write_rows(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+    /// each layer, its K rows then its V rows; a sliding layer's rows only from its ring's base
+    /// on. Returns how many positions the sliding layers wrote (the record's window rows).
+    /// `range` must lie within `0..n_ctx` and its positions must have been computed.
+    pub fn write_rows(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) -> usize {
         assert!(range.start <= range.end && range.end <= self.n_ctx);
-        out.reserve(self.rows_bytes(range.len()));
+        let window_rows = range.end - range.start.max(self.base).min(range.end);
+        out.reserve(self.rows_bytes(range.len(), window_rows));
         for l in 0..self.n_layer {
+            let r = self.held(l, &range);
             match &self.store {
                 Store::F16 { k, v } => {
                     for x in [k, v] {
-                        for (_, r) in self.head_runs(l, range.start, range.len()) {
-                            out.extend_from_slice(&le_bytes(&x[r]));
+                        for (_, h) in self.head_runs(l, r.start, r.len()) {
+                            out.extend_from_slice(&le_bytes(&x[h]));
                         }
                     }
                 }
                 Store::F32 { k, v } => {
                     for x in [k, v] {
-                        for (_, r) in self.head_runs(l, range.start, range.len()) {
-                            out.extend_from_slice(&le_bytes(&x[r]));
+                        for (_, h) in self.head_runs(l, r.start, r.len()) {
+                            out.extend_from_slice(&le_bytes(&x[h]));
                         }
                     }
                 }
             }
         }
+        window_rows
     }
 
-    /// Bytes [`KvCache::write_rows`] produces for `n` positions.
-    pub fn rows_bytes(&self, n: usize) -> usize {
-        2 * self.n_layer * n * self.kv_dim() * self.ty().bytes()
+    /// Bytes [`KvCache::write_rows`] produces for `n` positions of which the sliding layers
+    /// hold the last `window_rows`.
+    pub fn rows_bytes(&self, n: usize, window_rows: usize) -> usize {
+        let per_row = self.kv_dim() * self.ty().bytes();
+        (0..self.n_layer)
+            .map(|l| 2 * per_row * if self.slides(l) { window_rows } else { n })
+            .sum()
     }
 
-    /// The inverse of [`KvCache::write_rows`]: stores `bytes` as positions `first..first + n`.
-    /// Returns `false` (and changes nothing) when the length does not match whole positions
-    /// or the positions do not fit the context.
-    pub fn read_rows(&mut self, first: usize, bytes: &[u8]) -> bool {
-        let per_pos = self.rows_bytes(1);
-        if per_pos == 0 || !bytes.len().is_multiple_of(per_pos) {
+    /// The inverse of [`KvCache::write_rows`]: stores `bytes` as positions `first..first + n`
+    /// (the sliding layers' rows: the last `window_rows` of them), after positions
+    /// `0..first` stored the same way. A sliding layer keeps what fits its ring. Returns
+    /// `false` (and changes nothing) when the length does not match or the positions do not
+    /// fit the context.
+    pub fn read_rows(&mut self, first: usize, n: usize, window_rows: usize, bytes: &[u8]) -> bool {
+        if n == 0
+            || window_rows > n
+            || bytes.len() != self.rows_bytes(n, window_rows)
+            || first.checked_add(n).is_none_or(|end| end > self.n_ctx)
+        {
             return false;
         }
-        let n = bytes.len() / per_pos;
-        if first.checked_add(n).is_none_or(|end| end > self.n_ctx) {
-            return false;
+        let end = first + n;
+        // The sliding layers: rows of positions `w0..end`, of which the ring takes the last.
+        let w0 = end - window_rows;
+        let skip = window_rows.saturating_sub(self.ring);
+        if self.window.is_some() {
+            if first == 0 || window_rows < n || skip > 0 {
+                // Nothing held before connects to these rows: the ring starts with them.
+                self.base = w0 + skip;
+            } else {
+                self.make_room(w0, window_rows);
+            }
         }
         let eb = self.ty().bytes();
-        let layer_bytes = n * self.kv_dim() * eb;
+        let row = self.kv_dim() * eb;
+        let mut at = 0;
         for l in 0..self.n_layer {
-            let kb = &bytes[2 * l * layer_bytes..(2 * l + 1) * layer_bytes];
-            let vb = &bytes[(2 * l + 1) * layer_bytes..(2 * l + 2) * layer_bytes];
-            let runs = self.head_runs(l, first, n);
+            let (p0, rows, skipped) = if self.slides(l) {
+                (w0 + skip, window_rows - skip, skip)
+            } else {
+                (first, n, 0)
+            };
+            let len = (rows + skipped) * row;
+            let kb = &bytes[at + skipped * row..at + len];
+            let vb = &bytes[at + len + skipped * row..at + 2 * len];
+            at += 2 * len;
+            let runs = self.head_runs(l, p0, rows);
             match &mut self.store {
                 Store::F16 { k, v } => {
                     for (x, b) in [(k, kb), (v, vb)] {
-                        for (at, r) in runs.clone() {
-                            set_from_le(&mut x[r.clone()], &b[at * eb..(at + r.len()) * eb]);
+                        for (o, r) in runs.clone() {
+                            set_from_le(&mut x[r.clone()], &b[o * eb..(o + r.len()) * eb]);
                         }
                     }
                 }
                 Store::F32 { k, v } => {
                     for (x, b) in [(k, kb), (v, vb)] {
-                        for (at, r) in runs.clone() {
-                            set_from_le(&mut x[r.clone()], &b[at * eb..(at + r.len()) * eb]);
+                        for (o, r) in runs.clone() {
+                            set_from_le(&mut x[r.clone()], &b[o * eb..(o + r.len()) * eb]);
                         }
                     }
                 }
@@ -196,21 +417,40 @@ impl KvCache {
         true
     }
 
-    /// Copies positions `0..n` of every layer from `src`, a cache of the same layers, width and
-    /// type (its context may differ): how a cached prefix is handed to a session. Returns
-    /// `false` (and changes nothing) when the shapes differ or `n` exceeds either context.
+    /// Copies positions `0..n` of every layer from `src`, a cache of the same layers, width,
+    /// type and window (its context may differ): how a cached prefix is handed to a session.
+    /// Returns `false` (and changes nothing) when the shapes differ, `n` exceeds either context,
+    /// or `src` cannot go on from `n` ([`KvCache::can_keep`]).
     pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> bool {
-        if (src.n_layer, src.n_head_kv, src.head_dim, src.ty())
-            != (self.n_layer, self.n_head_kv, self.head_dim, self.ty())
-            || n > src.n_ctx
+        if (
+            src.n_layer,
+            src.n_head_kv,
+            src.head_dim,
+            src.ty(),
+            src.window,
+        ) != (
+            self.n_layer,
+            self.n_head_kv,
+            self.head_dim,
+            self.ty(),
+            self.window,
+        ) || n > src.n_ctx
             || n > self.n_ctx
+            || !src.can_keep(n)
         {
             return false;
         }
-        let len = n * self.head_dim;
+        // The sliding layers take what `src` holds of the positions, as much as fits.
+        let lo = src.base.max(n.saturating_sub(self.ring)).min(n);
+        self.base = if self.window.is_some() { lo } else { 0 };
         for l in 0..self.n_layer {
+            let r = self.held(l, &(0..n));
+            let len = r.len() * self.head_dim;
+            if len == 0 {
+                continue;
+            }
             for g in 0..self.n_head_kv {
-                let (d, s) = (self.at(l, g, 0), src.at(l, g, 0));
+                let (d, s) = (self.at(l, g, r.start), src.at(l, g, r.start));
                 match (&mut self.store, &src.store) {
                     (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
                         k[d..d + len].copy_from_slice(&sk[s..s + len]);
@@ -227,7 +467,7 @@ impl KvCache {
         true
     }
 
-    /// Writes the key and value rows of layer `l` at `pos`.
+    /// Writes the key and value rows of layer `l` at `pos` (after [`KvCache::make_room`]).
     pub fn store(&mut self, k: &Kernels, l: usize, pos: usize, key: &[f32], value: &[f32]) {
         let hd = self.head_dim;
         for g in 0..self.n_head_kv {
@@ -247,10 +487,10 @@ impl KvCache {
     }
 
     /// Starts loading, for every KV head of layer `l`, the keys and values attention will read
-    /// for a token at `pos` (positions `0..=pos`, at most `max_bytes` of each run: the
-    /// hardware prefetchers follow from there) and the row the token's own K/V will be stored
-    /// into. A hint: called before the layer's first product, the memory latency of these
-    /// scattered starts overlaps that product's streaming.
+    /// for a token at `pos` (the positions it sees up to `pos`, at most `max_bytes` of each
+    /// run: the hardware prefetchers follow from there) and the row the token's own K/V will
+    /// be stored into. A hint: called before the layer's first product, the memory latency of
+    /// these scattered starts overlaps that product's streaming.
     pub fn prefetch(&self, l: usize, pos: usize, max_bytes: usize) {
         for (run, own) in self.prefetch_runs(l, pos) {
             match &self.store {
@@ -270,22 +510,25 @@ impl KvCache {
         }
     }
 
-    /// The element ranges [`KvCache::prefetch`] hints, head by head: positions `0..=pos` of
-    /// the head's run, and position `pos` alone. None for a layer or position outside the
-    /// cache.
+    /// The element ranges [`KvCache::prefetch`] hints, head by head: the positions a token at
+    /// `pos` attends to (`0..=pos`, or its window on a sliding layer), and position `pos`
+    /// alone. None for a layer or position outside the cache (or the ring).
     fn prefetch_runs(
         &self,
         l: usize,
         pos: usize,
     ) -> impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)> + '_ {
-        let heads = if l < self.n_layer && pos < self.n_ctx {
-            0..self.n_head_kv
-        } else {
-            0..0
+        let first = match self.window {
+            Some(w) if self.slides(l) => (pos + 1).saturating_sub(w.size),
+            _ => 0,
         };
+        let inside = l < self.n_layer
+            && pos < self.n_ctx
+            && (!self.slides(l) || (first >= self.base && pos - self.base < self.ring));
+        let heads = if inside { 0..self.n_head_kv } else { 0..0 };
         heads.map(move |g| {
             let own = self.at(l, g, pos)..self.at(l, g, pos) + self.head_dim;
-            (self.at(l, g, 0)..own.end, own)
+            (self.at(l, g, first)..own.end, own)
         })
     }
 
@@ -354,7 +597,8 @@ impl KvCache {
 #[derive(Clone)]
 struct HeadRuns {
     base: usize,
-    n_ctx: usize,
+    /// Slots of the layer: one head's run.
+    slots: usize,
     n_head_kv: usize,
     hd: usize,
     i: usize,
@@ -369,7 +613,7 @@ impl Iterator for HeadRuns {
         }
         let (j, g) = (self.i / self.n_head_kv, self.i % self.n_head_kv);
         self.i += 1;
-        let a = self.base + (g * self.n_ctx + j) * self.hd;
+        let a = self.base + (g * self.slots + j) * self.hd;
         Some(((self.i - 1) * self.hd, a..a + self.hd))
     }
 }
@@ -413,182 +657,5 @@ fn set_from_le<T: LeElem>(xs: &mut [T], bytes: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kernels_neon::dispatch::REFERENCE;
-
-    const L: usize = 2;
-    const HKV: usize = 3;
-    const HD: usize = 4;
-
-    /// Key or value element `c` of position `pos` in layer `l`: distinct, exact in f16.
-    fn val(kv: usize, l: usize, pos: usize, c: usize) -> f32 {
-        (kv * 1000 + l * 100 + pos * 10 + c) as f32 / 8.0
-    }
-
-    fn filled(ty: KvType, n_ctx: usize, n: usize) -> KvCache {
-        let mut c = KvCache::new(L, n_ctx, HKV, HD, ty);
-        for l in 0..L {
-            for pos in 0..n {
-                let key: Vec<f32> = (0..HKV * HD).map(|i| val(0, l, pos, i)).collect();
-                let value: Vec<f32> = (0..HKV * HD).map(|i| val(1, l, pos, i)).collect();
-                c.store(&REFERENCE, l, pos, &key, &value);
-            }
-        }
-        c
-    }
-
-    /// A prefetch hints, for every layer, position and head, exactly the keys and values
-    /// attention reads for a token there (positions `0..=pos` of that head) and the token's
-    /// own row, and nothing for a layer or position outside the cache. Checked through the
-    /// contents: every element hinted must be the value `filled` stored for that head and
-    /// position, so a range one row long or short, or in another head's run, fails. (That a
-    /// prefetch changes nothing is the borrow checker's: it takes `&self`.)
-    #[test]
-    fn prefetch_hints_the_rows_attention_reads_and_nothing_else() {
-        for ty in [KvType::F32, KvType::F16] {
-            let n_ctx = 7;
-            let c = filled(ty, n_ctx, n_ctx);
-            let (k, v): (Vec<f32>, Vec<f32>) = match &c.store {
-                Store::F16 { k, v } => (
-                    k.iter().map(|x| x.to_f32()).collect(),
-                    v.iter().map(|x| x.to_f32()).collect(),
-                ),
-                Store::F32 { k, v } => (k.clone(), v.clone()),
-            };
-            for l in 0..L + 2 {
-                for pos in 0..n_ctx + 2 {
-                    for cap in [0, 1, 63, 64, 8 << 10, usize::MAX] {
-                        c.prefetch(l, pos, cap);
-                    }
-                    let runs: Vec<_> = c.prefetch_runs(l, pos).collect();
-                    if l >= L || pos >= n_ctx {
-                        assert!(runs.is_empty(), "{ty} l={l} pos={pos}: outside the cache");
-                        continue;
-                    }
-                    assert_eq!(runs.len(), HKV, "{ty} l={l} pos={pos}: one run per head");
-                    for (g, (run, own)) in runs.into_iter().enumerate() {
-                        let what = format!("{ty} l={l} pos={pos} head {g}");
-                        let want = |kv, positions: std::ops::RangeInclusive<usize>| {
-                            positions
-                                .flat_map(|j| (0..HD).map(move |i| val(kv, l, j, g * HD + i)))
-                                .collect::<Vec<f32>>()
-                        };
-                        assert_eq!(k[run.clone()], want(0, 0..=pos), "{what}: keys read");
-                        assert_eq!(v[run], want(1, 0..=pos), "{what}: values read");
-                        assert_eq!(k[own.clone()], want(0, pos..=pos), "{what}: own key row");
-                        assert_eq!(v[own], want(1, pos..=pos), "{what}: own value row");
-                    }
-                }
-            }
-        }
-    }
-
-    /// The snapshot's rows stay position-major whatever the layout in RAM: per layer, the K
-    /// rows of the range (each `kv_dim` wide, heads in order), then its V rows.
-    #[test]
-    fn snapshot_rows_are_position_major_per_layer() {
-        for ty in [KvType::F32, KvType::F16] {
-            let c = filled(ty, 6, 5);
-            let mut got = Vec::new();
-            c.write_rows(1..4, &mut got);
-            let mut want = Vec::new();
-            for l in 0..L {
-                for kv in 0..2 {
-                    for pos in 1..4 {
-                        for i in 0..HKV * HD {
-                            let x = val(kv, l, pos, i);
-                            match ty {
-                                KvType::F32 => want.extend_from_slice(&x.to_le_bytes()),
-                                KvType::F16 => {
-                                    want.extend_from_slice(&f16::from_f32(x).to_le_bytes())
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            assert_eq!(got, want, "{ty}");
-            assert_eq!(got.len(), c.rows_bytes(3));
-
-            // Read back at another offset of a cache with another context: the same rows.
-            let mut d = KvCache::new(L, 9, HKV, HD, ty);
-            assert!(d.read_rows(4, &got));
-            let mut again = Vec::new();
-            d.write_rows(4..7, &mut again);
-            assert_eq!(again, want, "{ty} after read_rows");
-            assert!(!d.read_rows(7, &got), "positions past the context");
-            assert!(!d.read_rows(0, &got[1..]), "not whole positions");
-        }
-    }
-
-    /// A head attends over its own keys and values, position by position.
-    #[test]
-    fn scores_and_mix_read_the_head_they_are_asked_for() {
-        // `first` > 0 is a sliding window: positions first..5 only.
-        for (ty, first) in [
-            (KvType::F32, 0),
-            (KvType::F16, 0),
-            (KvType::F32, 2),
-            (KvType::F16, 3),
-        ] {
-            let c = filled(ty, 7, 5);
-            let n = 5 - first;
-            let q = [1.0, -2.0, 0.5, 0.25];
-            let p = &[0.1, 0.2, 0.3, 0.15, 0.25][..n];
-            for l in 0..L {
-                for g in 0..HKV {
-                    let mut s = vec![0.0f32; n];
-                    c.scores(&REFERENCE, l, g, first, &q, 0.5, &mut s);
-                    let mut o = [0.0f32; HD];
-                    c.mix_values(&REFERENCE, l, g, first, p, &mut o);
-                    for (j, &sp) in s.iter().enumerate() {
-                        let pos = first + j;
-                        let k: Vec<f32> = (0..HD).map(|i| val(0, l, pos, g * HD + i)).collect();
-                        let dot: f32 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
-                        assert_eq!(sp, dot * 0.5, "{ty} l={l} g={g} pos={pos}");
-                    }
-                    // Two query heads of a group at once: each gets what it gets alone.
-                    let q2: Vec<f32> = q.iter().chain(&q.map(|x| -3.0 * x)).copied().collect();
-                    let mut s2 = vec![0.0f32; 2 * n];
-                    c.scores(&REFERENCE, l, g, first, &q2, 0.5, &mut s2);
-                    let mut alone = vec![0.0f32; n];
-                    c.scores(&REFERENCE, l, g, first, &q2[HD..], 0.5, &mut alone);
-                    assert_eq!((&s2[..n], &s2[n..]), (&s[..], &alone[..]), "{ty} scores x2");
-                    let p2: Vec<f32> = p
-                        .iter()
-                        .chain(&p.iter().map(|x| x / 2.0).collect::<Vec<_>>())
-                        .copied()
-                        .collect();
-                    let mut o2 = [0.0f32; 2 * HD];
-                    c.mix_values(&REFERENCE, l, g, first, &p2, &mut o2);
-                    let mut alone = [0.0f32; HD];
-                    c.mix_values(&REFERENCE, l, g, first, &p2[n..], &mut alone);
-                    assert_eq!((&o2[..HD], &o2[HD..]), (&o[..], &alone[..]), "{ty} mix x2");
-                    for (i, &oi) in o.iter().enumerate() {
-                        let mut want = 0.0f32;
-                        for (j, &w) in p.iter().enumerate() {
-                            want += w * val(1, l, first + j, g * HD + i);
-                        }
-                        assert_eq!(oi, want, "{ty} l={l} g={g} [{i}]");
-                    }
-                }
-            }
-        }
-    }
-
-    /// A prefix handed to a cache of another context keeps every head's rows.
-    #[test]
-    fn copy_prefix_keeps_rows_across_contexts() {
-        let src = filled(KvType::F16, 5, 5);
-        let mut dst = KvCache::new(L, 8, HKV, HD, KvType::F16);
-        assert!(dst.copy_prefix_from(&src, 4));
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        src.write_rows(0..4, &mut a);
-        dst.write_rows(0..4, &mut b);
-        assert_eq!(a, b);
-        assert!(!dst.copy_prefix_from(&src, 6), "more than the source holds");
-        let other = KvCache::new(L, 8, HKV + 1, HD, KvType::F16);
-        assert!(!dst.copy_prefix_from(&other, 1), "another width");
-    }
-}
+#[path = "cache_tests.rs"]
+mod tests;

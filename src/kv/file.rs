@@ -4,9 +4,7 @@
 //! argument.
 
 use super::KvCache;
-use super::snapshot::{
-    self, Fault, Geometry, HEADER_LEN, KvError, Parsed, RECORD_HEADER_LEN, TornTail,
-};
+use super::snapshot::{self, Fault, Geometry, HEADER_LEN, KvError, Parsed, TornTail};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -15,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// record's worth of trailing bytes.
 fn max_file_len(g: &Geometry) -> u64 {
     let n = g.n_ctx as u64;
-    let per_record = snapshot::record_len(g, 1).unwrap_or(u64::MAX);
+    let per_record = snapshot::record_len(g, 1, 1).unwrap_or(u64::MAX);
     g.kv_bytes(n)
         .and_then(|kv| kv.checked_add(n.checked_mul(per_record - g.kv_bytes(1)?)?))
         .and_then(|x| x.checked_mul(2))
@@ -71,7 +69,7 @@ pub fn salvage_tokens(path: &Path, want: &Geometry) -> Vec<u32> {
         return Vec::new();
     };
     match snapshot::salvage_tokens(&bytes) {
-        Some((g, tokens)) if g == *want => tokens,
+        Some((g, tokens)) if g.check_matches(want).is_ok() => tokens,
         _ => Vec::new(),
     }
 }
@@ -145,11 +143,16 @@ impl SnapshotFile {
             return Ok(None);
         }
         // The cache may be shorter than the file's context (a cached prefix holds only its
-        // own positions); rows past its end are refused below.
+        // own positions); rows past its end are refused below. A version 1 file holds every
+        // row: it fits a cache with any window.
         let (cache_shape, cache_ctx) = ((kv.n_layer(), kv.kv_dim(), kv.ty()), kv.n_ctx());
+        let cache_window = kv.window();
+        let mut version = 0;
         let cache_fits = |g: &Geometry| {
+            version = g.version;
             if cache_shape != (g.n_layer as usize, g.kv_dim as usize, g.dtype)
                 || cache_ctx > g.n_ctx as usize
+                || (g.version > 1 && g.window != cache_window)
             {
                 return Err(KvError::Mismatch {
                     field: "cache shape",
@@ -161,7 +164,9 @@ impl SnapshotFile {
         };
         let mut tokens = Vec::new();
         let walked = walk(&self.path, &self.geometry, cache_fits, |rec, bytes| {
-            if !kv.read_rows(rec.info.first as usize, &bytes[rec.info.kv.clone()]) {
+            let (first, n) = (rec.info.first as usize, rec.info.count as usize);
+            let rows = &bytes[rec.info.kv.clone()];
+            if !kv.read_rows(first, n, rec.info.window_rows as usize, rows) {
                 return Err(KvError::Invalid {
                     section: "record K/V rows",
                     offset: rec.info.offset,
@@ -171,8 +176,16 @@ impl SnapshotFile {
             tokens.extend_from_slice(&rec.tokens);
             Ok(())
         })?;
+        if !kv.can_keep(tokens.len()) {
+            // `walk` refuses such a file unless its last record was torn off: a turn of
+            // several records, cut after some, whose sliding-window rows were in the records
+            // lost. Nothing can be restored; the caller recomputes from the salvaged tokens
+            // and the next save rewrites the file.
+            return Ok(walked.torn);
+        }
         self.tokens = tokens;
-        self.valid_len = Some(walked.valid_len);
+        // A file of an older version is rewritten whole at the next save, not appended to.
+        self.valid_len = (version == snapshot::VERSION).then_some(walked.valid_len);
         Ok(walked.torn)
     }
 
@@ -220,8 +233,9 @@ impl SnapshotFile {
             let b = (a + MAX_RECORD_POSITIONS).min(tokens.len());
             rows.clear();
             rec.clear();
-            kv.write_rows(a..b, &mut rows);
-            snapshot::encode_record(&self.geometry, a as u32, &tokens[a..b], &rows, &mut rec);
+            let window_rows = kv.write_rows(a..b, &mut rows) as u32;
+            let t = &tokens[a..b];
+            snapshot::encode_record(&self.geometry, a as u32, t, window_rows, &rows, &mut rec);
             w.write_all(&rec)?;
             bytes += rec.len() as u64;
             a = b;
@@ -348,11 +362,14 @@ fn walk(
         return Err(too_long(len, max));
     }
     let mut have = 0usize;
-    let mut at = HEADER_LEN as u64;
+    let mut at = g.header_len() as u64;
+    // A version 1 header is shorter than what `open_header` read.
+    f.seek(SeekFrom::Start(at)).map_err(io)?;
+    let mut window_from = 0;
     let mut torn = None;
     while at < len {
         let rest = len - at;
-        let head = (RECORD_HEADER_LEN as u64).min(rest) as usize;
+        let head = (g.record_header_len() as u64).min(rest) as usize;
         buf.clear();
         buf.resize(head, 0);
         f.read_exact(&mut buf).map_err(io)?;
@@ -373,6 +390,7 @@ fn walk(
                 on_record(&rec, &buf)?;
                 have += rec.tokens.len();
                 at += rec.end as u64;
+                window_from = snapshot::window_from_after(window_from, &rec.info);
             }
             Err(Fault::Torn(reason)) => {
                 torn = Some(TornTail {
@@ -384,6 +402,10 @@ fn walk(
             }
             Err(Fault::Corrupt(e)) => return Err(e),
         }
+    }
+    // As `snapshot::parse`: a short window is damage unless a torn tail explains it.
+    if torn.is_none() && !g.window_covers(window_from, have) {
+        return Err(snapshot::window_short(&g, window_from, have));
     }
     Ok(Walked {
         valid_len: at,

@@ -5,6 +5,6 @@ mod cache;
 pub mod file;
 pub mod snapshot;
 
-pub use cache::{KvCache, KvType};
+pub use cache::{KvCache, KvType, Window, ring_shape};
 pub use file::{SaveKind, SnapshotFile};
 pub use snapshot::{Geometry, KvError};

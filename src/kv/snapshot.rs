@@ -3,21 +3,22 @@
 //! hostile inputs are tested without files. Every length is checked before it is used; no input
 //! makes these functions panic or allocate more than the input's own size.
 
-use super::KvType;
+use super::{KvType, Window};
 use crc::{CRC_32_ISCSI, Crc, Table};
 use std::fmt;
 use std::ops::Range;
 
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"EDGEKV\0\0";
-/// The format version this build reads and writes.
-pub const VERSION: u32 = 1;
-/// Bytes of the file header.
-pub const HEADER_LEN: usize = 64;
+/// The format version this build writes. Version 1 (no sliding window: every record holds
+/// every layer's rows) is still read.
+pub const VERSION: u32 = 2;
+/// Bytes of the file header (version 1: 64).
+pub const HEADER_LEN: usize = 72;
 /// Record magic.
 pub const RECORD_MAGIC: [u8; 4] = *b"KVRC";
-/// Bytes of a record header.
-pub const RECORD_HEADER_LEN: usize = 20;
+/// Bytes of a record header (version 1: 20).
+pub const RECORD_HEADER_LEN: usize = 24;
 /// Record kind: positions appended after the previous record.
 pub const KIND_APPEND: u32 = 1;
 
@@ -100,18 +101,64 @@ pub struct Geometry {
     pub kv_dim: u32,
     pub dtype: KvType,
     pub n_ctx: u32,
+    /// The sliding window, whose layers' rows a record holds only for its last
+    /// `window_rows` positions (always `None` in version 1 files, which hold every row).
+    pub window: Option<Window>,
+    /// The format version of the file (the one we write, for a snapshot about to be).
+    pub version: u32,
 }
 
 impl Geometry {
-    /// Bytes of the K and V rows of `count` positions, or `None` on overflow.
+    /// Bytes of the K and V rows of `count` positions of every layer, or `None` on overflow:
+    /// a record's most.
     pub fn kv_bytes(&self, count: u64) -> Option<u64> {
-        2u64.checked_mul(self.n_layer as u64)?
-            .checked_mul(self.kv_dim as u64)?
-            .checked_mul(self.dtype.bytes() as u64)?
-            .checked_mul(count)
+        self.rows_bytes(count, count)
     }
 
-    /// Refuses a snapshot made for another model, cache type or context.
+    /// Bytes of the K and V rows of a record of `count` positions whose sliding layers hold
+    /// the last `window_rows`, or `None` on overflow.
+    pub fn rows_bytes(&self, count: u64, window_rows: u64) -> Option<u64> {
+        let sliding = self.sliding_layers() as u64;
+        let rows = (self.n_layer as u64 - sliding)
+            .checked_mul(count)?
+            .checked_add(sliding.checked_mul(window_rows)?)?;
+        2u64.checked_mul(self.kv_dim as u64)?
+            .checked_mul(self.dtype.bytes() as u64)?
+            .checked_mul(rows)
+    }
+
+    /// Layers whose rows are windowed.
+    pub fn sliding_layers(&self) -> usize {
+        self.window.map_or(0, |w| {
+            (0..self.n_layer as usize).filter(|&l| w.slides(l)).count()
+        })
+    }
+
+    /// Bytes of the file header.
+    pub fn header_len(&self) -> usize {
+        if self.version == 1 { 64 } else { HEADER_LEN }
+    }
+
+    /// Bytes of a record header.
+    pub fn record_header_len(&self) -> usize {
+        if self.version == 1 {
+            20
+        } else {
+            RECORD_HEADER_LEN
+        }
+    }
+
+    /// Whether a snapshot whose sliding layers hold rows from position `from` on (to its end at
+    /// `n`) holds everything the token at `n` attends to.
+    pub fn window_covers(&self, from: usize, n: usize) -> bool {
+        match self.window {
+            Some(w) if from > 0 && n > 0 => from.saturating_add(w.size) <= n + 1,
+            _ => true,
+        }
+    }
+
+    /// Refuses a snapshot made for another model, cache type, context or window. (A version 1
+    /// file holds every row of every layer: it fits a cache with any window.)
     pub fn check_matches(&self, want: &Geometry) -> Result<(), KvError> {
         if self.fingerprint != want.fingerprint {
             return Err(KvError::WrongModel {
@@ -119,7 +166,16 @@ impl Geometry {
                 model: hex(&want.fingerprint),
             });
         }
-        let fields: [(&'static str, String, String); 4] = [
+        let window = |g: &Geometry| match g.window {
+            Some(w) => format!("{} positions (layer pattern {})", w.size, w.pattern),
+            None => "none".into(),
+        };
+        let file_window = if self.version == 1 {
+            window(want)
+        } else {
+            window(self)
+        };
+        let fields: [(&'static str, String, String); 5] = [
             (
                 "n_layer",
                 self.n_layer.to_string(),
@@ -136,6 +192,7 @@ impl Geometry {
                 self.n_ctx.to_string(),
                 want.n_ctx.to_string(),
             ),
+            ("sliding window", file_window, window(want)),
         ];
         for (field, file, expected) in fields {
             if file != expected {
@@ -155,7 +212,7 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The file header's bytes.
+/// The file header's bytes, in the version we write (whatever `g.version` says).
 pub fn encode_header(g: &Geometry) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..8].copy_from_slice(&MAGIC);
@@ -165,8 +222,13 @@ pub fn encode_header(g: &Geometry) -> [u8; HEADER_LEN] {
     h[48..52].copy_from_slice(&g.kv_dim.to_le_bytes());
     h[52..56].copy_from_slice(&(dtype_code(g.dtype)).to_le_bytes());
     h[56..60].copy_from_slice(&g.n_ctx.to_le_bytes());
-    let c = crc32c(&h[..60]);
-    h[60..64].copy_from_slice(&c.to_le_bytes());
+    let (size, pattern) = g
+        .window
+        .map_or((0, 0), |w| (w.size as u32, w.pattern as u32));
+    h[60..64].copy_from_slice(&size.to_le_bytes());
+    h[64..68].copy_from_slice(&pattern.to_le_bytes());
+    let c = crc32c(&h[..68]);
+    h[68..72].copy_from_slice(&c.to_le_bytes());
     h
 }
 
@@ -192,29 +254,34 @@ pub fn decode_header(b: &[u8]) -> Result<Geometry, KvError> {
             offset: 0,
         });
     }
-    if b.len() < HEADER_LEN {
+    if b.len() < 12 {
         return Err(truncated("file header", 0, HEADER_LEN, b.len()));
     }
-    let (stored, computed) = (u32_at(b, 60), crc32c(&b[..60]));
+    // The version says how long the header is, so it is read before the header's checksum.
     let version = u32_at(b, 8);
-    if stored != computed {
-        return Err(KvError::Checksum {
-            section: "file header",
-            offset: 0,
-            stored,
-            computed,
-        });
-    }
     if version > VERSION {
         return Err(KvError::FutureVersion {
             found: version,
             supported: VERSION,
         });
     }
-    if version != VERSION {
+    if version == 0 {
         return Err(KvError::BadVersion {
             found: version,
             supported: VERSION,
+        });
+    }
+    let len = if version == 1 { 64 } else { HEADER_LEN };
+    if b.len() < len {
+        return Err(truncated("file header", 0, len, b.len()));
+    }
+    let (stored, computed) = (u32_at(b, len - 4), crc32c(&b[..len - 4]));
+    if stored != computed {
+        return Err(KvError::Checksum {
+            section: "file header",
+            offset: 0,
+            stored,
+            computed,
         });
     }
     let invalid = |why: String| KvError::Invalid {
@@ -229,12 +296,31 @@ pub fn decode_header(b: &[u8]) -> Result<Geometry, KvError> {
     };
     let mut fingerprint = [0u8; 32];
     fingerprint.copy_from_slice(&b[12..44]);
+    let (size, pattern) = if version == 1 {
+        (0, 0)
+    } else {
+        (u32_at(b, 60), u32_at(b, 64))
+    };
+    let window = match (size, pattern) {
+        (0, _) => None,
+        (size, pattern) if pattern > 0 => Some(Window {
+            size: size as usize,
+            pattern: pattern as usize,
+        }),
+        (size, pattern) => {
+            return Err(invalid(format!(
+                "sliding window of {size} positions with a layer pattern of {pattern}"
+            )));
+        }
+    };
     let g = Geometry {
         fingerprint,
         n_layer: u32_at(b, 44),
         kv_dim: u32_at(b, 48),
         dtype,
         n_ctx: u32_at(b, 56),
+        window,
+        version,
     };
     if g.n_layer == 0 || g.kv_dim == 0 || g.n_ctx == 0 {
         return Err(invalid(format!(
@@ -244,7 +330,7 @@ pub fn decode_header(b: &[u8]) -> Result<Geometry, KvError> {
     }
     // Every record's length is then a u64 (the checks of a record rely on it): a shape whose
     // full context overflows could hold no record, and no cache of it could be allocated.
-    if record_len(&g, g.n_ctx).is_none() {
+    if record_len(&g, g.n_ctx, g.n_ctx).is_none() {
         return Err(invalid(format!(
             "n_layer {} × kv_dim {} × n_ctx {} overflows the size of a snapshot",
             g.n_layer, g.kv_dim, g.n_ctx
@@ -262,21 +348,31 @@ fn truncated(section: &'static str, offset: usize, need: usize, have: usize) -> 
     }
 }
 
-/// Appends one record (positions `first..first + tokens.len()`) to `out`. `kv` is what
+/// Appends one record (positions `first..first + tokens.len()`, the sliding layers' rows for
+/// the last `window_rows` of them) to `out`, in the version we write. `kv` is what
 /// [`super::KvCache::write_rows`] wrote for those positions.
-pub fn encode_record(g: &Geometry, first: u32, tokens: &[u32], kv: &[u8], out: &mut Vec<u8>) {
+pub fn encode_record(
+    g: &Geometry,
+    first: u32,
+    tokens: &[u32],
+    window_rows: u32,
+    kv: &[u8],
+    out: &mut Vec<u8>,
+) {
     assert_eq!(
         Some(kv.len() as u64),
-        g.kv_bytes(tokens.len() as u64),
+        g.rows_bytes(tokens.len() as u64, window_rows as u64),
         "K/V bytes do not match the positions"
     );
+    assert!(window_rows as usize <= tokens.len());
     let mut h = [0u8; RECORD_HEADER_LEN];
     h[0..4].copy_from_slice(&RECORD_MAGIC);
     h[4..8].copy_from_slice(&KIND_APPEND.to_le_bytes());
     h[8..12].copy_from_slice(&first.to_le_bytes());
     h[12..16].copy_from_slice(&(tokens.len() as u32).to_le_bytes());
-    let c = crc32c(&h[..16]);
-    h[16..20].copy_from_slice(&c.to_le_bytes());
+    h[16..20].copy_from_slice(&window_rows.to_le_bytes());
+    let c = crc32c(&h[..20]);
+    h[20..24].copy_from_slice(&c.to_le_bytes());
     out.extend_from_slice(&h);
     let t0 = out.len();
     for t in tokens {
@@ -295,6 +391,9 @@ pub struct RecordInfo {
     pub offset: u64,
     pub first: u32,
     pub count: u32,
+    /// Positions, the last of the record, whose rows the sliding layers hold (`count`
+    /// without a window).
+    pub window_rows: u32,
     /// Byte range of the K/V rows in the file.
     pub kv: Range<usize>,
 }
@@ -338,22 +437,51 @@ pub struct Parsed {
     /// Bytes up to the end of the last valid record (where the next record goes).
     pub valid_len: u64,
     pub torn: Option<TornTail>,
+    /// The first position from which the sliding layers' rows run to the end (0 without a
+    /// window); see [`Geometry::window_covers`].
+    pub window_from: usize,
+}
+
+/// Where the sliding layers' rows start after a record, given where they started before it:
+/// the record's rows continue them only when it holds all its positions' rows.
+pub fn window_from_after(before: usize, rec: &RecordInfo) -> usize {
+    let end = (rec.first + rec.count) as usize;
+    if rec.first == 0 || rec.window_rows < rec.count {
+        end - rec.window_rows as usize
+    } else {
+        before
+    }
+}
+
+/// The error for a snapshot whose sliding layers' rows do not reach back far enough.
+pub fn window_short(g: &Geometry, from: usize, n: usize) -> KvError {
+    KvError::Invalid {
+        section: "records",
+        offset: g.header_len() as u64,
+        why: format!(
+            "the sliding-window rows start at position {from}, too late for the token at {n} \
+             (its window starts at {})",
+            (n + 1).saturating_sub(g.window.map_or(0, |w| w.size))
+        ),
+    }
 }
 
 /// Parses and checks a whole snapshot: header, then records in order (checksums, contiguous
-/// positions from 0, bounded by the context). A fault in the last record — one that reaches the
-/// end of the file — is a torn write: the snapshot ends before it ([`Parsed::torn`]). A fault
-/// anywhere else is corruption and an error.
+/// positions from 0, bounded by the context, the sliding layers' rows reaching back to the
+/// window of the next token). A fault in the last record — one that reaches the end of the
+/// file — is a torn write: the snapshot ends before it ([`Parsed::torn`]). A fault anywhere
+/// else is corruption and an error.
 pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
     let geometry = decode_header(b)?;
+    let mut at = geometry.header_len();
     let mut p = Parsed {
         tokens: Vec::new(),
         records: Vec::new(),
-        valid_len: HEADER_LEN as u64,
+        valid_len: at as u64,
         torn: None,
+        window_from: 0,
         geometry,
     };
-    let mut at = HEADER_LEN;
     while at < b.len() {
         match parse_record(
             &p.geometry,
@@ -368,6 +496,7 @@ pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
                 rec.info.kv = at + rec.info.kv.start..at + rec.info.kv.end;
                 at += rec.end;
                 p.tokens.extend_from_slice(&rec.tokens);
+                p.window_from = window_from_after(p.window_from, &rec.info);
                 p.records.push(rec.info);
                 p.valid_len = at as u64;
             }
@@ -381,6 +510,12 @@ pub fn parse(b: &[u8]) -> Result<Parsed, KvError> {
             }
             Err(Fault::Corrupt(e)) => return Err(e),
         }
+    }
+    // The writer always leaves the window covered; a torn tail may not (the restore then
+    // recomputes), anything else is damage.
+    let n = p.tokens.len();
+    if p.torn.is_none() && !p.geometry.window_covers(p.window_from, n) {
+        return Err(window_short(&p.geometry, p.window_from, n));
     }
     Ok(p)
 }
@@ -408,15 +543,22 @@ pub struct Rec {
 /// `min(RECORD_HEADER_LEN, rest)` bytes `h` and the `rest` bytes from it to the end of the file:
 /// the whole record when its header holds, else just the header. Never more than `rest`.
 pub fn record_extent(g: &Geometry, h: &[u8], rest: u64) -> u64 {
-    let header = (RECORD_HEADER_LEN as u64).min(rest);
-    if h.len() < RECORD_HEADER_LEN
-        || h[..4] != RECORD_MAGIC
-        || u32_at(h, 16) != crc32c(&h[..16])
-        || u32_at(h, 12) > g.n_ctx
-    {
+    let hl = g.record_header_len();
+    let header = (hl as u64).min(rest);
+    if h.len() < hl || h[..4] != RECORD_MAGIC || u32_at(h, hl - 4) != crc32c(&h[..hl - 4]) {
         return header;
     }
-    record_len(g, u32_at(h, 12)).map_or(header, |n| n.min(rest))
+    let (count, window_rows) = counts(g, h);
+    if count > g.n_ctx || window_rows > count {
+        return header;
+    }
+    record_len(g, count, window_rows).map_or(header, |n| n.min(rest))
+}
+
+/// A record header's `count` and `window_rows` (`count` in version 1).
+fn counts(g: &Geometry, h: &[u8]) -> (u32, u32) {
+    let count = u32_at(h, 12);
+    (count, if g.version == 1 { count } else { u32_at(h, 16) })
 }
 
 /// Checks one record for a reader that streams the file: `b` holds the record's first
@@ -436,7 +578,7 @@ pub fn check_record(g: &Geometry, b: &[u8], at: u64, rest: u64, have: usize) -> 
 pub fn salvage_tokens(b: &[u8]) -> Option<(Geometry, Vec<u32>)> {
     let g = decode_header(b).ok()?;
     let mut tokens = Vec::new();
-    let mut at = HEADER_LEN;
+    let mut at = g.header_len();
     while at < b.len() {
         match parse_record(&g, &b[at..], at, b.len() - at, tokens.len(), false) {
             Ok(rec) => {
@@ -459,22 +601,19 @@ fn parse_record(
     have: usize,
     check_kv: bool,
 ) -> Result<Rec, Fault> {
-    if rest < RECORD_HEADER_LEN || b.len() < RECORD_HEADER_LEN {
-        return Err(Fault::Torn(truncated(
-            "record header",
-            at,
-            RECORD_HEADER_LEN,
-            rest,
-        )));
+    let hl = g.record_header_len();
+    if rest < hl || b.len() < hl {
+        return Err(Fault::Torn(truncated("record header", at, hl, rest)));
     }
-    let h = &b[..RECORD_HEADER_LEN];
-    let (first, count) = (u32_at(h, 8), u32_at(h, 12));
+    let h = &b[..hl];
+    let first = u32_at(h, 8);
+    let (count, window_rows) = counts(g, h);
     // A torn write is the last record, cut short or with unwritten pages. A header that fails
     // its checksum cannot say how long its record is: it is the torn tail unless more bytes
     // follow than any record could hold (then a later record exists, and this is corruption).
-    let len = record_len(g, count);
+    let len = record_len(g, count, window_rows);
     let room = (g.n_ctx as usize).saturating_sub(have) as u32;
-    let may_be_tail = record_len(g, room).is_none_or(|n| rest as u64 <= n);
+    let may_be_tail = record_len(g, room, room).is_none_or(|n| rest as u64 <= n);
     let fault = |e: KvError| {
         if may_be_tail {
             Fault::Torn(e)
@@ -488,7 +627,7 @@ fn parse_record(
             offset: at as u64,
         }));
     }
-    let (stored, computed) = (u32_at(h, 16), crc32c(&h[..16]));
+    let (stored, computed) = (u32_at(h, hl - 4), crc32c(&h[..hl - 4]));
     if stored != computed {
         return Err(fault(KvError::Checksum {
             section: "record header",
@@ -521,6 +660,12 @@ fn parse_record(
             g.n_ctx
         ))));
     }
+    // Without a window the sliding rows are all rows: one form only.
+    if window_rows > count || (g.window.is_none() && window_rows != count) {
+        return Err(Fault::Corrupt(invalid(format!(
+            "record of {count} positions with {window_rows} sliding-window rows"
+        ))));
+    }
     let len = len.expect("bounded by n_ctx, so no overflow");
     if len > rest as u64 || len > b.len() as u64 {
         return Err(Fault::Torn(truncated(
@@ -540,7 +685,7 @@ fn parse_record(
             Fault::Corrupt(e)
         }
     };
-    let t0 = RECORD_HEADER_LEN;
+    let t0 = hl;
     let t1 = t0 + 4 * count as usize;
     let (stored, computed) = (u32_at(b, t1), crc32c(&b[t0..t1]));
     if stored != computed {
@@ -571,6 +716,7 @@ fn parse_record(
             offset: at as u64,
             first,
             count,
+            window_rows,
             kv: k0..k1,
         },
         tokens,
@@ -578,8 +724,9 @@ fn parse_record(
     })
 }
 
-/// Bytes of a record of `count` positions, or `None` on overflow.
-pub fn record_len(g: &Geometry, count: u32) -> Option<u64> {
-    let kv = g.kv_bytes(count as u64)?;
-    (RECORD_HEADER_LEN as u64 + 4 * count as u64 + 4 + 4).checked_add(kv)
+/// Bytes of a record of `count` positions whose sliding layers hold `window_rows`, or `None`
+/// on overflow.
+pub fn record_len(g: &Geometry, count: u32, window_rows: u32) -> Option<u64> {
+    let kv = g.rows_bytes(count as u64, window_rows as u64)?;
+    (g.record_header_len() as u64 + 4 * count as u64 + 4 + 4).checked_add(kv)
 }

@@ -177,6 +177,8 @@ pub fn forward(
     let hp = &model.hp;
     let n = tokens.len();
     debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
+    // The sliding-window layers' rings take positions pos0..pos0 + n.
+    kv.make_room(pos0, n);
     let (d, qd, kvd, hd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.n_ff);
     let (nd, nqd, nff) = (n * d, n * qd, n * ff);
     let eps = hp.rms_eps;

@@ -139,6 +139,14 @@ impl HParams {
             .is_some_and(|w| l % w.pattern < w.pattern - 1)
     }
 
+    /// The sliding window as the KV cache sees it.
+    pub fn kv_window(&self) -> Option<crate::kv::Window> {
+        self.sliding_window.map(|w| crate::kv::Window {
+            size: w.window,
+            pattern: w.pattern,
+        })
+    }
+
     /// The first position a query at `pos` in layer `l` attends to.
     pub fn first_visible(&self, l: usize, pos: usize) -> usize {
         match self.sliding_window {

@@ -148,6 +148,8 @@ impl Geometry {
             kv_dim: model.hp.kv_dim() as u32,
             dtype,
             n_ctx: n_ctx as u32,
+            window: model.hp.kv_window(),
+            version: crate::kv::snapshot::VERSION,
         }
     }
 }

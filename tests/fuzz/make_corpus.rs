@@ -12,7 +12,7 @@
 //! `harness::modbus`): an op byte, then its arguments.
 
 use edgellm::gguf::{Array, GgmlType, Gguf, GgufWriter};
-use edgellm::kv::{Geometry, KvCache, KvType, SnapshotFile};
+use edgellm::kv::{Geometry, KvCache, KvType, SnapshotFile, Window, snapshot};
 use edgellm::model::synth::{SynthSpec, synth_model_bytes};
 use edgellm::serial::frame::{codec, kind};
 use edgellm::serial::modbus::map;
@@ -178,37 +178,53 @@ fn gguf() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Snapshots as `SnapshotFile` saves them: a rewrite, then appends (one record per turn).
+/// Snapshots as `SnapshotFile` saves them: a rewrite, then appends (one record per turn); the
+/// last with a sliding window of 2 on layers 0 and 1 of 3, its ring shifted. (The committed
+/// `v1_*` seeds are version 1 files, which edgellm still reads.)
 fn kv() -> Vec<(&'static str, Vec<u8>)> {
     let dir = std::env::temp_dir().join(format!("edgellm-make-corpus-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temporary directory");
     let mut out = Vec::new();
-    for (name, dtype, n_layer, kv_dim) in
-        [("f16.kv", KvType::F16, 2, 4), ("f32.kv", KvType::F32, 1, 8)]
-    {
+    let window = Window {
+        size: 2,
+        pattern: 3,
+    };
+    for (name, dtype, n_layer, kv_dim, window) in [
+        ("f16.kv", KvType::F16, 2, 4, None),
+        ("f32.kv", KvType::F32, 1, 8, None),
+        ("window.kv", KvType::F16, 3, 4, Some(window)),
+    ] {
         let g = Geometry {
             fingerprint: [7; 32],
             n_layer,
             kv_dim,
             dtype,
             n_ctx: 16,
+            window,
+            version: snapshot::VERSION,
         };
-        let mut kv = KvCache::new(n_layer as usize, 16, kv_dim as usize, 1, dtype);
-        let rows: Vec<u8> = (0..kv.rows_bytes(16))
-            .map(|i| (i * 7 % 251) as u8)
-            .collect();
-        assert!(kv.read_rows(0, &rows), "rows fit the cache");
+        let (n_layer, kv_dim) = (n_layer as usize, kv_dim as usize);
+        let mut kv = KvCache::with_window(n_layer, 16, kv_dim, 1, dtype, window, 1);
         let path = dir.join(name);
         let mut f = SnapshotFile::new(&path, g);
         let tokens: Vec<u32> = (0..12).map(|i| i * 5 + 1).collect();
+        let mut pos = 0;
         for turn in [3, 7, 12] {
+            // Position by position, as a forward pass stores them (the ring shifts).
+            while pos < turn {
+                let rows: Vec<u8> = (0..kv.rows_bytes(1, 1))
+                    .map(|i| ((pos * 131 + i * 7) % 251) as u8)
+                    .collect();
+                assert!(kv.read_rows(pos, 1, 1, &rows), "rows fit the cache");
+                pos += 1;
+            }
             f.save(&kv, &tokens[..turn]).expect("save");
         }
         out.push((name, std::fs::read(&path).expect("saved snapshot")));
     }
     let whole = out[0].1.clone();
     out.push(("torn_tail.kv", whole[..whole.len() - 9].to_vec()));
-    out.push(("header_only.kv", whole[..64].to_vec()));
+    out.push(("header_only.kv", whole[..snapshot::HEADER_LEN].to_vec()));
     std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
     out
 }

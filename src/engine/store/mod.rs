@@ -221,8 +221,7 @@ impl SessionStore {
         }
         let ec = engine.config();
         let geometry = Geometry::of(engine.model(), ec.n_ctx, ec.kv_type);
-        let per_session = geometry
-            .kv_bytes(ec.n_ctx as u64)
+        let per_session = crate::engine::session_kv_bytes(engine.model(), ec)
             .unwrap_or(u64::MAX)
             .max(1);
         let max_resident = cfg.max_resident(per_session) as usize;

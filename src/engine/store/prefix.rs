@@ -84,14 +84,7 @@ impl SessionStore {
             )));
         }
         // Restored straight into a cache just long enough for it.
-        let hp = &engine.model().hp;
-        let mut kv = KvCache::new(
-            hp.n_layer,
-            tokens.len(),
-            hp.n_head_kv,
-            hp.head_dim,
-            engine.config().kv_type,
-        );
+        let mut kv = engine.new_cache(tokens.len());
         let path = self.dir.join(PREFIXES).join(format!("{name}.kv"));
         let mut f = SnapshotFile::new(&path, self.geometry.clone());
         let (source, save_error) = match f.load(&mut kv) {
@@ -169,16 +162,25 @@ impl SessionStore {
     /// session) shares more of `prompt` than the session itself, copies its rows in. Returns the
     /// positions copied (0 when the session's own cache is the better start).
     pub(super) fn reuse_prefix(&mut self, i: usize, prompt: &[u32]) -> usize {
-        let own = common_prefix(self.slots[i].session.tokens(), prompt);
+        // What a cache can go on from: the common prefix, or nothing when its sliding-window
+        // layers no longer hold that position's window.
+        let usable = |kv: &KvCache, held: &[u32]| {
+            let n = common_prefix(held, prompt);
+            if kv.can_keep(n) { n } else { 0 }
+        };
+        let own = usable(&self.slots[i].session.kv, self.slots[i].session.tokens());
         let best_prefix = self
             .prefixes
             .iter()
             .enumerate()
-            .map(|(j, p)| (common_prefix(&p.tokens, prompt), j))
+            .map(|(j, p)| (usable(&p.kv, &p.tokens), j))
             .max();
         let best_session = (0..self.slots.len())
             .filter(|&j| j != i && self.slots[j].id.is_some())
-            .map(|j| (common_prefix(self.slots[j].session.tokens(), prompt), j))
+            .map(|j| {
+                let s = &self.slots[j].session;
+                (usable(&s.kv, s.tokens()), j)
+            })
             .max();
         // At least one token must stay to be computed (its logits start the answer), which
         // `Engine::generate` ensures; a copy of fewer than 2 positions is not worth it.
