@@ -129,6 +129,30 @@ fn inspect_text_says_what_it_counts() {
     assert!(s.contains("blk.29.ffn_down.weight"), "{s}");
 }
 
+/// Gemma 3's sliding-window layers hold a ring, not the context: at 32k positions its KV cache
+/// is 3 layers x 32768 + 15 layers x 1279 (2·512 − 1 + 256) positions, not 18 x 32768.
+#[test]
+fn inspect_counts_the_sliding_window_rings() {
+    let p = model_path(common::GEMMA3);
+    let o = edgellm(&["inspect", "-m", p.to_str().unwrap(), "--ctx", "32768"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let want = "KV cache        114.7 MiB  (f16: 2 x (3 layers x 32768 ctx + 15 sliding-window \
+                layers x 1279) x 1 kv heads x 256 head dim x 2 B)";
+    assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    let o = edgellm(&[
+        "inspect",
+        "-m",
+        p.to_str().unwrap(),
+        "--ctx",
+        "32768",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let positions = 3 * 32768 + 15 * 1279;
+    assert_eq!(v["memory"]["kv_cache"], positions * 2 * 256 * 2);
+}
+
 #[test]
 fn inspect_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();

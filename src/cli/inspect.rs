@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 #[derive(clap::Args)]
 #[command(after_help = "\
 Memory estimate = weights (the tensor data, mmapped) + KV cache (2 x layers x ctx x kv heads x \
-head dim x the --kv-type's bytes) + activations for a chunk of --chunk tokens and the logits. \
+head dim x the --kv-type's bytes; a sliding-window layer holds a ring of 2 x window - 1 + \
+max(chunk, window / 2) positions instead of ctx) + activations for a chunk of --chunk tokens and the logits. \
 The file is only mapped, not read, so inspecting a large model is instant; the metadata is \
 not trusted: a size that would not fit is reported as an overflow.
 
@@ -53,7 +54,14 @@ fn sum(xs: impl IntoIterator<Item = u64>) -> Option<u64> {
 fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads>) -> Option<Memory> {
     let u = |v: usize| v as u64;
     let ctx = u(a.ctx);
-    let kv = product(&[2, u(h.n_layer), ctx, u(h.kv_dim()), u(a.kv_type.bytes())])?;
+    let kv = edgellm::kv::KvCache::bytes_for(
+        h.n_layer,
+        a.ctx,
+        h.kv_dim(),
+        a.kv_type,
+        h.kv_window(),
+        a.chunk,
+    )?;
     // Per token in flight (f32): residual + 2 norm/attention outputs, q, k, v, the two FFN
     // hidden vectors and one row of attention scores per head.
     let per_token = sum([
@@ -273,10 +281,23 @@ pub fn run(a: Args) -> CliResult {
             "  weights      {:>12}  (tensor data, mmapped: shared and evictable unless --mlock)",
             mib(mm.weights)
         );
+        // Layers that hold every position, and (with a window) those that hold a ring.
+        let window = h.kv_window();
+        let sliding = (0..h.n_layer)
+            .filter(|&l| window.is_some_and(|w| w.slides(l)))
+            .count();
+        let (ring, _) = edgellm::kv::ring_shape(ctx, window, chunk);
+        let positions = if sliding == 0 {
+            format!("{} layers x {ctx} ctx", h.n_layer)
+        } else {
+            format!(
+                "({} layers x {ctx} ctx + {sliding} sliding-window layers x {ring})",
+                h.n_layer - sliding
+            )
+        };
         println!(
-            "  KV cache     {:>12}  ({kv_type}: 2 x {} layers x {ctx} ctx x {} kv heads x {} head dim x {} B)",
+            "  KV cache     {:>12}  ({kv_type}: 2 x {positions} x {} kv heads x {} head dim x {} B)",
             mib(mm.kv),
-            h.n_layer,
             h.n_head_kv,
             h.head_dim,
             kv_type.bytes()
