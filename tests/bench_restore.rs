@@ -37,20 +37,27 @@ fn bench_restore_reports_ttft_and_the_exact_bytes_each_turn_writes() {
     // n_layer 2, kv_dim 2 heads × 16, f16: 2 × 2 × 32 × 2 bytes of K/V per position.
     let per_pos = 2 * 2 * 32 * 2;
     assert_eq!(v["kv_bytes_per_position"], per_pos);
-    // A record: 20-byte header, token ids, their CRC, the rows, their CRC.
-    let record = |n: u64| 20 + 4 * n + 4 + n * per_pos + 4;
+    // A record: its header, token ids, their CRC, the rows, their CRC.
+    use edgellm::kv::snapshot::{HEADER_LEN, RECORD_HEADER_LEN};
+    let record = |n: u64| RECORD_HEADER_LEN as u64 + 4 * n + 4 + n * per_pos + 4;
     let turns = v["turns"].as_array().unwrap();
     assert_eq!(turns.len(), 3);
-    // The first save writes the whole session (64-byte file header + one record) ...
+    // The first save writes the whole session (the file header + one record) ...
     let n0 = turns[0]["positions"].as_u64().unwrap();
     assert_eq!(n0, 56 + 16 - 1, "{v}");
-    assert_eq!(turns[0]["bytes"].as_u64().unwrap(), 64 + record(n0));
+    assert_eq!(
+        turns[0]["bytes"].as_u64().unwrap(),
+        HEADER_LEN as u64 + record(n0)
+    );
     // ... each later turn only its new positions: the question and the answer.
     for t in &turns[1..] {
         assert_eq!(t["positions"], 32, "{v}");
         assert_eq!(t["bytes"].as_u64().unwrap(), record(32));
     }
-    assert_eq!(v["snapshot_bytes"].as_u64().unwrap(), 64 + record(40));
+    assert_eq!(
+        v["snapshot_bytes"].as_u64().unwrap(),
+        HEADER_LEN as u64 + record(40)
+    );
     // The scratch directory is removed.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
