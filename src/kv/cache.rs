@@ -264,6 +264,13 @@ impl KvCache {
         if p0 == 0 {
             self.base = 0;
         }
+        debug_assert!(self.can_keep(p0), "position {p0} is no longer in the ring");
+        self.shift_for(p0, n);
+    }
+
+    /// The shift of [`KvCache::make_room`], also for rows read from a snapshot (which
+    /// [`KvCache::can_keep`] checks only once they are all read).
+    fn shift_for(&mut self, p0: usize, n: usize) {
         if self.window.is_none() || p0 + n <= self.base + self.ring {
             return;
         }
@@ -271,7 +278,6 @@ impl KvCache {
             n <= self.ring,
             "a batch of {n} positions overflows the ring"
         );
-        debug_assert!(self.can_keep(p0), "position {p0} is no longer in the ring");
         let keep = self.keep.min(self.ring - n).min(p0 - self.base);
         let from = p0 - keep - self.base;
         let len = keep * self.head_dim;
@@ -380,7 +386,7 @@ impl KvCache {
                 // Nothing held before connects to these rows: the ring starts with them.
                 self.base = w0 + skip;
             } else {
-                self.make_room(w0, window_rows);
+                self.shift_for(w0, window_rows);
             }
         }
         let eb = self.ty().bytes();
