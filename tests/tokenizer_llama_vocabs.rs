@@ -1,0 +1,272 @@
+//! The tokenizer against llama.cpp's own tokenizer suite: the vocabulary-only GGUF files
+//! `models/ggml-vocab-*.gguf` of llama.cpp's source, each with `.inp` (cases separated by a
+//! `__ggml_vocab_test__` line) and `.out` (one line of space-separated ids per case), as
+//! llama.cpp's `tests/test-tokenizer-0.cpp` reads them. That test tokenizes with
+//! `add_special = false, parse_special = false`; so does this one, and every case must match.
+//!
+//! The source comes from `bench/build-llamacpp.sh --source-only` (scripts/test.sh runs it);
+//! `EDGELLM_LLAMACPP_SRC` names another llama.cpp tree. A missing tree fails the test: the
+//! suite is never skipped. Vocabularies edgellm does not support yet are listed below with the
+//! reason, and must be refused with that error, so the list cannot go stale.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use edgellm::gguf::{Gguf, OpenOptions};
+use edgellm::tokenizer::Tokenizer;
+
+/// Vocabularies with cases that edgellm must tokenize exactly as llama.cpp does.
+const SUPPORTED: &[&str] = &[
+    "command-r",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "refact",
+    "starcoder",
+];
+
+/// Vocabularies with cases that edgellm refuses today: (name, why, a piece of the load error).
+const UNSUPPORTED: &[(&str, &str, &str)] = &[
+    (
+        "bert-bge",
+        "WordPiece (`bert` model) is not implemented",
+        "unknown tokenizer model \"bert\"",
+    ),
+    (
+        "deepseek-coder",
+        "pre-tokenizer not implemented",
+        "unknown pre-tokenizer \"deepseek-coder\"",
+    ),
+    (
+        "deepseek-llm",
+        "pre-tokenizer not implemented",
+        "unknown pre-tokenizer \"deepseek-llm\"",
+    ),
+    (
+        "falcon",
+        "pre-tokenizer not implemented",
+        "unknown pre-tokenizer \"falcon\"",
+    ),
+    (
+        "gemma-4",
+        "the `gemma4` tokenizer model is not implemented",
+        "unknown tokenizer model \"gemma4\"",
+    ),
+    (
+        "qwen35",
+        "pre-tokenizer not implemented",
+        "unknown pre-tokenizer \"qwen35\"",
+    ),
+];
+
+/// The llama.cpp source tree: `$EDGELLM_LLAMACPP_SRC`, else where bench/build-llamacpp.sh
+/// unpacks it (`$LLAMACPP_DIR`, default ~/.cache/edgellm/llama.cpp).
+fn llama_cpp_src() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EDGELLM_LLAMACPP_SRC") {
+        return PathBuf::from(dir);
+    }
+    let root = std::env::var_os("LLAMACPP_DIR").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home).join(".cache/edgellm/llama.cpp")
+        },
+        PathBuf::from,
+    );
+    root.join("llama-cpp-python-0.3.36/vendor/llama.cpp")
+}
+
+/// `models/` of the llama.cpp tree; panics saying how to get it when it is missing.
+fn models_dir() -> PathBuf {
+    let dir = llama_cpp_src().join("models");
+    assert!(
+        dir.join("ggml-vocab-gpt-2.gguf.inp").is_file(),
+        "{} has no llama.cpp vocab test files: run `bench/build-llamacpp.sh --source-only` \
+         (or set EDGELLM_LLAMACPP_SRC to a llama.cpp source tree)",
+        dir.display()
+    );
+    dir
+}
+
+/// Every vocabulary name `ggml-vocab-NAME.gguf` of `dir` that has both case files, sorted.
+fn vocabs_with_cases(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|f| {
+            Some(
+                f.strip_prefix("ggml-vocab-")?
+                    .strip_suffix(".gguf.inp")?
+                    .to_string(),
+            )
+        })
+        .filter(|n| dir.join(format!("ggml-vocab-{n}.gguf.out")).is_file())
+        .collect();
+    names.sort();
+    names
+}
+
+/// One case: the input bytes and llama.cpp's ids.
+struct Case {
+    text: Vec<u8>,
+    ids: Vec<u32>,
+}
+
+/// Splits the case files as test-tokenizer-0.cpp's `read_tests` does: inputs at each
+/// "\n__ggml_vocab_test__\n" (a text after the last marker is a case too), outputs one per
+/// line, whitespace-trimmed.
+fn parse_cases(inp: &[u8], out: &str) -> Result<Vec<Case>, String> {
+    const SEP: &[u8] = b"\n__ggml_vocab_test__\n";
+    let mut texts = Vec::new();
+    let mut pos = 0;
+    while pos < inp.len() {
+        match inp[pos..].windows(SEP.len()).position(|w| w == SEP) {
+            Some(n) => {
+                texts.push(inp[pos..pos + n].to_vec());
+                pos += n + SEP.len();
+            }
+            None => {
+                texts.push(inp[pos..].to_vec());
+                break;
+            }
+        }
+    }
+    let lines: Vec<&str> = out.lines().collect();
+    if texts.len() != lines.len() {
+        return Err(format!(
+            "{} inputs but {} output lines",
+            texts.len(),
+            lines.len()
+        ));
+    }
+    texts
+        .into_iter()
+        .zip(lines)
+        .map(|(text, line)| {
+            let ids = line
+                .split_whitespace()
+                .map(|s| s.parse().map_err(|e| format!("id {s:?}: {e}")))
+                .collect::<Result<_, _>>()?;
+            Ok(Case { text, ids })
+        })
+        .collect()
+}
+
+fn load(dir: &Path, name: &str) -> Result<Tokenizer, String> {
+    let path = dir.join(format!("ggml-vocab-{name}.gguf"));
+    let gguf = Gguf::open(&path, &OpenOptions::default()).map_err(|e| format!("open: {e}"))?;
+    Tokenizer::from_gguf(&gguf).map_err(|e| e.to_string())
+}
+
+fn cases(dir: &Path, name: &str) -> Vec<Case> {
+    let base = dir.join(format!("ggml-vocab-{name}.gguf"));
+    let read = |ext: &str| {
+        let p = base.with_extension(format!("gguf.{ext}"));
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let out = String::from_utf8(read("out")).expect(".out is ASCII");
+    parse_cases(&read("inp"), &out).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Failing cases shown per vocabulary (a broken vocabulary fails all of them).
+const SHOWN_FAILURES: usize = 5;
+
+#[test]
+fn every_case_of_the_supported_vocabs_matches_llama_cpp() {
+    let dir = models_dir();
+    let mut report = String::new();
+    let mut failures = String::new();
+    for &name in SUPPORTED {
+        let t = match load(&dir, name) {
+            Ok(t) => t,
+            Err(e) => {
+                writeln!(report, "{name:>16}: does not load").unwrap();
+                writeln!(failures, "{name}: does not load: {e}").unwrap();
+                continue;
+            }
+        };
+        let cases = cases(&dir, name);
+        let (mut passed, mut failed) = (0, 0);
+        for c in &cases {
+            let got = t.encode_bytes(&c.text, false, false);
+            if got == c.ids {
+                passed += 1;
+            } else {
+                failed += 1;
+                if failed > SHOWN_FAILURES {
+                    continue;
+                }
+                writeln!(
+                    failures,
+                    "{name}: case {:?}\n  expected {:?}\n  actual   {:?}",
+                    String::from_utf8_lossy(&c.text),
+                    c.ids,
+                    got
+                )
+                .unwrap();
+            }
+        }
+        if failed > SHOWN_FAILURES {
+            let more = failed - SHOWN_FAILURES;
+            writeln!(failures, "{name}: and {more} more failing cases").unwrap();
+        }
+        writeln!(report, "{name:>16}: {passed}/{} cases", cases.len()).unwrap();
+    }
+    println!("{report}");
+    assert!(failures.is_empty(), "{report}\n{failures}");
+}
+
+#[test]
+fn unsupported_vocabs_are_refused_with_a_clear_error() {
+    let dir = models_dir();
+    let mut stale = String::new();
+    for &(name, why, error) in UNSUPPORTED {
+        match load(&dir, name) {
+            Ok(_) => writeln!(
+                stale,
+                "{name} loads now (was: {why}): move it from UNSUPPORTED to SUPPORTED"
+            )
+            .unwrap(),
+            Err(e) if !e.contains(error) => writeln!(
+                stale,
+                "{name}: expected an error containing {error:?}, got {e:?}"
+            )
+            .unwrap(),
+            Err(_) => {}
+        }
+    }
+    assert!(stale.is_empty(), "{stale}");
+}
+
+#[test]
+fn every_vocab_with_cases_is_listed_once() {
+    let found = vocabs_with_cases(&models_dir());
+    let mut listed: Vec<&str> = SUPPORTED
+        .iter()
+        .copied()
+        .chain(UNSUPPORTED.iter().map(|u| u.0))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        found, listed,
+        "llama.cpp's vocabularies with cases vs SUPPORTED + UNSUPPORTED"
+    );
+}
+
+#[test]
+fn case_files_split_like_test_tokenizer_0() {
+    let inp = b"a\n__ggml_vocab_test__\n\n__ggml_vocab_test__\n b\n";
+    let c = parse_cases(inp, "1 2\n\n 3 \n").unwrap();
+    let texts: Vec<&[u8]> = c.iter().map(|c| &c.text[..]).collect();
+    assert_eq!(texts, [&b"a"[..], b"", b" b\n"]);
+    assert_eq!(
+        c.iter().map(|c| c.ids.clone()).collect::<Vec<_>>(),
+        [vec![1, 2], vec![], vec![3]]
+    );
+    // A trailing marker ends the last case: no empty case after it.
+    let c = parse_cases(b"a\n__ggml_vocab_test__\n", "7\n").unwrap();
+    assert_eq!(c.len(), 1);
+    assert!(parse_cases(b"a", "1\n2\n").is_err());
+}
