@@ -18,12 +18,16 @@ use edgellm::tokenizer::Tokenizer;
 /// Vocabularies with cases that edgellm must tokenize exactly as llama.cpp does.
 const SUPPORTED: &[&str] = &[
     "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
     "gpt-2",
     "llama-bpe",
     "llama-spm",
     "mpt",
     "phi-3",
     "qwen2",
+    "qwen35",
     "refact",
     "starcoder",
 ];
@@ -36,29 +40,9 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
         "unknown tokenizer model \"bert\"",
     ),
     (
-        "deepseek-coder",
-        "pre-tokenizer not implemented",
-        "unknown pre-tokenizer \"deepseek-coder\"",
-    ),
-    (
-        "deepseek-llm",
-        "pre-tokenizer not implemented",
-        "unknown pre-tokenizer \"deepseek-llm\"",
-    ),
-    (
-        "falcon",
-        "pre-tokenizer not implemented",
-        "unknown pre-tokenizer \"falcon\"",
-    ),
-    (
         "gemma-4",
         "the `gemma4` tokenizer model is not implemented",
         "unknown tokenizer model \"gemma4\"",
-    ),
-    (
-        "qwen35",
-        "pre-tokenizer not implemented",
-        "unknown pre-tokenizer \"qwen35\"",
     ),
 ];
 

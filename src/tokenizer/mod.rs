@@ -36,6 +36,7 @@ mod gguf;
 mod index;
 mod pretokenize;
 mod queue;
+mod regex_stages;
 mod spm;
 mod stream;
 mod templates;

@@ -35,6 +35,9 @@ impl Flags {
     pub fn is_letter(self) -> bool {
         self.0 & Self::LETTER != 0
     }
+    pub fn is_mark(self) -> bool {
+        self.0 & Self::MARK != 0
+    }
     pub fn is_punctuation(self) -> bool {
         self.0 & Self::PUNCTUATION != 0
     }

@@ -145,6 +145,10 @@ fn pre_config(name: Option<&str>) -> Result<PreConfig, TokenizerError> {
         "smollm" | "command-r" => c(DigitsThenGpt2, false),
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" => c(Qwen2, false),
         "megrez" | "stablelm2" => c(Qwen2, true),
+        "qwen35" => c(Qwen35, false),
+        "falcon" => c(Falcon, true),
+        "deepseek-llm" => c(DeepseekLlm, false),
+        "deepseek-coder" => c(DeepseekCoder, false),
         other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
     })
 }
