@@ -56,7 +56,7 @@ pub use vocab::{TokenType, Vocab, VocabKind};
 /// and decoding themselves cannot fail.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("unknown tokenizer model {0:?} (supported: \"gpt2\", \"llama\")")]
+    #[error("unknown tokenizer model {0:?} (supported: \"gpt2\", \"llama\", \"gemma4\")")]
     UnknownModel(String),
     #[error("unknown pre-tokenizer {0:?}")]
     UnknownPreTokenizer(String),
@@ -194,7 +194,9 @@ impl Tokenizer {
     ) {
         let fragments = encode::partition(self, text, parse_special, protected);
         match self.kind {
-            VocabKind::Bpe => self.encode_bpe(text, &fragments, add_special, out),
+            VocabKind::Bpe | VocabKind::Gemma4 => {
+                self.encode_bpe(text, &fragments, add_special, out)
+            }
             VocabKind::Spm => self.encode_spm(text, &fragments, add_special, out),
         }
     }

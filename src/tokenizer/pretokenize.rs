@@ -41,6 +41,9 @@ pub enum PreTokenizer {
     /// Newlines alone, letter and punctuation runs with one leading space, CJK runs, single
     /// digits (`deepseek-coder`).
     DeepseekCoder,
+    /// Runs of newlines and runs of everything else (`[^\n]+|[\n]+`): Gemma 4's, whose BPE
+    /// merges across spaces.
+    Newlines,
 }
 
 /// Splits `cpts` into words; returns their lengths in codepoints (they add up to `cpts.len()`).
@@ -61,6 +64,7 @@ pub(crate) fn split(pre: PreTokenizer, cpts: &[u32]) -> Vec<usize> {
         PreTokenizer::Llama3 => llama3(cpts, &whole, 3, false),
         PreTokenizer::Qwen2 => llama3(cpts, &whole, 1, false),
         PreTokenizer::Qwen35 => llama3(cpts, &whole, 1, true),
+        PreTokenizer::Newlines => class_runs(cpts, &whole, |c| c == '\n' as u32),
         PreTokenizer::Falcon => {
             let s = class_runs(cpts, &whole, is_falcon_punct);
             let s = gpt2(cpts, &s);
@@ -299,14 +303,70 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_keeps_combining_marks_on_their_letters() {
+        let text = "e\u{301}'T x\u{308}";
+        assert_eq!(
+            words(PreTokenizer::Qwen35, text),
+            ["e\u{301}", "'T", " x\u{308}"]
+        );
+        assert_eq!(
+            words(PreTokenizer::Qwen2, text),
+            ["e", "\u{301}'", "T", " x", "\u{308}"]
+        );
+    }
+
+    #[test]
+    fn falcon_counts_the_backtick_as_punctuation() {
+        assert_eq!(
+            words(PreTokenizer::Falcon, "a``b 12345"),
+            ["a", "``", "b", " ", "123", "45"]
+        );
+    }
+
+    #[test]
+    fn deepseek_llm_cuts_newlines_letters_punctuation_and_trailing_space() {
+        // U+3000 is whitespace to llama.cpp's regexes: a leading space, never punctuation.
+        assert_eq!(
+            words(PreTokenizer::DeepseekLlm, "ab\u{3000}！\n  "),
+            ["ab", "\u{3000}！", "\n", "  "]
+        );
+        assert_eq!(
+            words(PreTokenizer::DeepseekLlm, "!\u{3000}"),
+            ["!", "\u{3000}"]
+        );
+        assert_eq!(words(PreTokenizer::DeepseekLlm, "½  "), ["½", "  "]);
+    }
+
+    #[test]
+    fn deepseek_coder_splits_digits_one_by_one() {
+        assert_eq!(
+            words(PreTokenizer::DeepseekCoder, "x1 23\n"),
+            ["x", "1", " ", "2", "3", "\n"]
+        );
+    }
+
+    #[test]
+    fn gemma4_words_are_newline_runs_and_the_text_between() {
+        assert_eq!(
+            words(PreTokenizer::Newlines, "a b\n\nc"),
+            ["a b", "\n\n", "c"]
+        );
+    }
+
+    #[test]
     fn words_always_cover_the_whole_text() {
-        let text = "x\u{0378}\u{3000}\u{0301}é ½'S\r\n \t";
+        let text = "x\u{0378}\u{3000}\u{0301}é ½'S\r\n \t！一";
         for pre in [
             PreTokenizer::Default,
             PreTokenizer::Gpt2,
             PreTokenizer::DigitsThenGpt2,
             PreTokenizer::Llama3,
             PreTokenizer::Qwen2,
+            PreTokenizer::Qwen35,
+            PreTokenizer::Falcon,
+            PreTokenizer::DeepseekLlm,
+            PreTokenizer::DeepseekCoder,
+            PreTokenizer::Newlines,
         ] {
             assert_eq!(words(pre, text).concat(), text, "{pre:?}");
         }

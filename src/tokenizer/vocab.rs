@@ -15,6 +15,9 @@ pub enum VocabKind {
     Bpe,
     /// `"llama"`: SentencePiece BPE driven by token scores.
     Spm,
+    /// `"gemma4"`: BPE with merges over raw UTF-8, spaces written `▁`, `<0xNN>` byte tokens,
+    /// words cut only at newlines (llama.cpp's `gemma4` pre-tokenizer, implied by the model).
+    Gemma4,
 }
 
 impl VocabKind {
@@ -22,6 +25,7 @@ impl VocabKind {
         match name {
             "gpt2" => Ok(VocabKind::Bpe),
             "llama" => Ok(VocabKind::Spm),
+            "gemma4" => Ok(VocabKind::Gemma4),
             other => Err(TokenizerError::UnknownModel(other.to_string())),
         }
     }
@@ -280,6 +284,14 @@ impl Tokenizer {
                 (add_bos, add_eos, add_space_prefix) = (c.add_bos, false, false);
                 (clean_spaces, ignore_merges) = (c.clean_spaces, c.ignore_merges);
             }
+            VocabKind::Gemma4 => {
+                // No default special ids: the file names them. The file's
+                // tokenizer.ggml.pre is ignored (llama.cpp forces "gemma4").
+                pre = PreTokenizer::Newlines;
+                s = SpecialIds::default();
+                (add_bos, add_eos, add_space_prefix) = (false, false, false);
+                (clean_spaces, ignore_merges) = (true, false);
+            }
         }
         // Defaults outside the vocabulary are dropped; file values outside it are ignored.
         for id in [&mut s.bos, &mut s.eos, &mut s.unk] {
@@ -307,6 +319,8 @@ impl Tokenizer {
         }
         add_space_prefix = v.add_space_prefix.unwrap_or(add_space_prefix);
         add_bos = v.add_bos.unwrap_or(add_bos);
+        // llama.cpp overrides a Gemma 4 file that says no BOS (its PR 21500).
+        add_bos |= v.kind == VocabKind::Gemma4;
         let add_eos = v.add_eos.unwrap_or(add_eos);
         if add_bos && s.bos.is_none() {
             return Err(TokenizerError::MissingSpecial {
@@ -352,8 +366,9 @@ impl Tokenizer {
         special.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
         let lookup = |t: &[u8]| ids.get(&texts, t);
-        let bpe = (v.kind == VocabKind::Bpe)
-            .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes())));
+        let raw = v.kind == VocabKind::Gemma4;
+        let bpe = (v.kind != VocabKind::Spm)
+            .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes()), raw));
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
