@@ -51,6 +51,7 @@ path, models, work = sys.argv[1:]
 d = json.load(open(path, encoding="utf-8"))
 with open(f"{work}/texts.bin", "wb") as f:
     for t in d["texts"]:
+        assert "\0" not in t, "texts are NUL-separated for the tokenizer"
         f.write(t.encode("utf-8") + b"\0")
 for vocab in d["ids"]:
     out = subprocess.run([f"{work}/tok", f"{models}/ggml-vocab-{vocab}.gguf", f"{work}/texts.bin"],

@@ -6,6 +6,7 @@ use super::pretokenize::split;
 use super::spm::{self, SpmVocab};
 use super::unicode::{decode_lenient, push_utf8};
 use super::vocab::attr;
+use super::wpm;
 use super::{Tokenizer, VocabKind};
 use std::ops::Range;
 
@@ -207,6 +208,36 @@ impl Tokenizer {
         }
         if add_special && self.add_eos {
             out.extend(self.specials.eos);
+        }
+    }
+}
+
+impl Tokenizer {
+    /// llama.cpp's WPM branch: with `add_special`, BOS (`[CLS]`) and SEP around the text
+    /// whatever add_bos says (llama.cpp does not look at it there).
+    pub(crate) fn encode_wpm(
+        &self,
+        text: &[u8],
+        frags: &[Fragment],
+        add_special: bool,
+        out: &mut Vec<u32>,
+    ) {
+        if add_special {
+            out.extend(self.specials.bos);
+        }
+        let lookup = |s: &[u8]| self.ids.get(&self.texts, s);
+        for &f in frags {
+            match f {
+                Fragment::Token(id) => out.push(id),
+                Fragment::Text(s, e) => {
+                    if let Some(t) = &self.wpm {
+                        wpm::tokenize(t, &lookup, self.specials.unk, &text[s..e], out);
+                    }
+                }
+            }
+        }
+        if add_special {
+            out.extend(self.specials.sep);
         }
     }
 }

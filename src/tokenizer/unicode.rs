@@ -35,6 +35,12 @@ impl Flags {
     pub fn is_letter(self) -> bool {
         self.0 & Self::LETTER != 0
     }
+    pub fn is_symbol(self) -> bool {
+        self.0 & Self::SYMBOL != 0
+    }
+    pub fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
+    }
     pub fn is_mark(self) -> bool {
         self.0 & Self::MARK != 0
     }

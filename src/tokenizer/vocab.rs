@@ -5,6 +5,7 @@ use super::bpe::BpeTables;
 use super::detok::piece_of;
 use super::index::TextIndex;
 use super::pretokenize::PreTokenizer;
+use super::wpm::WpmTables;
 use super::{SpecialIds, Tokenizer, TokenizerError};
 
 /// Which tokenizer algorithm a vocabulary uses (`tokenizer.ggml.model`).
@@ -18,6 +19,8 @@ pub enum VocabKind {
     /// `"gemma4"`: BPE with merges over raw UTF-8, spaces written `▁`, `<0xNN>` byte tokens,
     /// words cut only at newlines (llama.cpp's `gemma4` pre-tokenizer, implied by the model).
     Gemma4,
+    /// `"bert"`: WordPiece, the longest token at each byte of a normalized word.
+    Wpm,
 }
 
 impl VocabKind {
@@ -26,6 +29,7 @@ impl VocabKind {
             "gpt2" => Ok(VocabKind::Bpe),
             "llama" => Ok(VocabKind::Spm),
             "gemma4" => Ok(VocabKind::Gemma4),
+            "bert" => Ok(VocabKind::Wpm),
             other => Err(TokenizerError::UnknownModel(other.to_string())),
         }
     }
@@ -67,6 +71,10 @@ pub struct Vocab {
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; default true).
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: as `lowercase`).
+    pub strip_accents: Option<bool>,
 }
 
 /// llama.cpp's token attribute bits (`llama_token_attr`).
@@ -292,9 +300,21 @@ impl Tokenizer {
                 (add_bos, add_eos, add_space_prefix) = (false, false, false);
                 (clean_spaces, ignore_merges) = (true, false);
             }
+            VocabKind::Wpm => {
+                pre = PreTokenizer::Default; // unused: WordPiece cuts its own words
+                s = SpecialIds {
+                    bos: Some(101),
+                    unk: Some(100),
+                    sep: Some(102),
+                    pad: Some(0),
+                    ..Default::default()
+                };
+                (add_bos, add_eos, add_space_prefix) = (true, false, false);
+                (clean_spaces, ignore_merges) = (true, false);
+            }
         }
         // Defaults outside the vocabulary are dropped; file values outside it are ignored.
-        for id in [&mut s.bos, &mut s.eos, &mut s.unk] {
+        for id in [&mut s.bos, &mut s.eos, &mut s.unk, &mut s.sep, &mut s.pad] {
             *id = in_range(*id);
         }
         let file = [
@@ -367,7 +387,10 @@ impl Tokenizer {
 
         let lookup = |t: &[u8]| ids.get(&texts, t);
         let raw = v.kind == VocabKind::Gemma4;
-        let bpe = (v.kind != VocabKind::Spm)
+        let lowercase = v.lowercase.unwrap_or(true);
+        let wpm = (v.kind == VocabKind::Wpm)
+            .then(|| WpmTables::new(&texts, lowercase, v.strip_accents.unwrap_or(lowercase)));
+        let bpe = matches!(v.kind, VocabKind::Bpe | VocabKind::Gemma4)
             .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes()), raw));
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
@@ -396,6 +419,7 @@ impl Tokenizer {
             ids,
             pieces,
             bpe,
+            wpm,
             byte_tokens,
             special,
             specials: s,
