@@ -2,11 +2,12 @@
 //!
 //! llama.cpp describes each pre-tokenizer (`tokenizer.ggml.pre`) as a list of regexes applied
 //! one after the other, each splitting the pieces the previous one produced (the text between
-//! matches stays a piece too). It runs the GPT-2 and Llama-3 regexes through hand-written
-//! matchers (`unicode_regex_split_custom_*`) and the others through `std::regex` on text whose
-//! non-ASCII codepoints are collapsed to one byte per category. This module re-implements the
-//! stages the supported pre-tokenizers use, by hand, with the same semantics, in linear time:
-//! a piece is a run of codepoints and its length is all a stage returns.
+//! matches stays a piece too). It runs the GPT-2, Llama 3, Qwen 2 / 3.5 and newline regexes
+//! through hand-written matchers (`unicode_regex_split_custom_*`) and the others through
+//! `std::regex` on text whose non-ASCII codepoints are collapsed to one byte per category.
+//! This module re-implements the stages the supported pre-tokenizers use, by hand, with the
+//! same semantics, in linear time: the custom matchers here, the `std::regex` shapes in
+//! `regex_stages`. A piece is a run of codepoints and its length is all a stage returns.
 
 use super::regex_stages::{
     Chunk, OUT_OF_RANGE, ascii_digit_triples, class_runs, for_each_chunk, is_crlf, is_deepseek_cjk,
