@@ -259,9 +259,9 @@ fn every_case_of_the_supported_vocabs_matches_llama_cpp() {
             .find(|e| e.0 == name)
             .map(|e| std::mem::take(&mut e.1))
             .unwrap_or_default();
-        let a = check(&t, name, &suite, &mut failures);
+        let a = check(t, name, &suite, &mut failures);
         let b = check(
-            &t,
+            t,
             &format!("{name} (llama_vocab_cases.json)"),
             &ours,
             &mut failures,
