@@ -1,8 +1,9 @@
 //! WordPiece (`tokenizer.ggml.model = "bert"`), as llama.cpp's `llm_tokenizer_wpm_session`
 //! runs it.
 //!
-//! The text is normalized the BERT way (lower case, accents stripped through llama.cpp's own
-//! NFD table, control characters dropped) and cut into words at whitespace, with each
+//! The text is normalized the BERT way (lower case, accents stripped through the Unicode NFD
+//! table `scripts/gen-nfd-ranges.py` makes, the one llama.cpp's is made from, control
+//! characters dropped) and cut into words at whitespace, with each
 //! punctuation, ASCII symbol and CJK ideograph a word of its own. Each word, prefixed with `▁`
 //! (GGUF BERT vocabularies mark word starts so, where Hugging Face marks continuations with
 //! `##`), is then covered greedily by the longest token at each byte; a word that cannot be
@@ -135,7 +136,7 @@ fn is_chinese_char(cpt: u32) -> bool {
         | 0x2F800..=0x2FA1F)
 }
 
-/// The first codepoint of `cpt`'s NFD form, through llama.cpp's table (nfd_ranges.txt).
+/// The first codepoint of `cpt`'s NFD form, through the Unicode table in nfd_ranges.txt.
 fn nfd_first(cpt: u32) -> u32 {
     let ranges = nfd_ranges();
     let i = ranges.partition_point(|&(_, last, _)| last < cpt);
