@@ -2,28 +2,44 @@
 # Builds llama.cpp's llama-bench, llama-simple and llama-completion OUTSIDE the repo, from the
 # source that PyPI's llama-cpp-python 0.3.36 vendors (llama.cpp 0c1e57098, the commit of
 # tests/data's reference vectors). Idempotent; prints the build directory.
-# Usage: bench/build-llamacpp.sh
+# Usage: bench/build-llamacpp.sh [--source-only]
+#   --source-only: only download and unpack the source (seconds, no cmake), print its directory:
+#        what tests/tokenizer_llama_vocabs.rs needs (llama.cpp's models/ggml-vocab-* files)
 #   Env: LLAMACPP_DIR (default ~/.cache/edgellm/llama.cpp), JOBS (default: nproc)
 #        LLAMACPP_TARGET=aarch64 cross-builds for aarch64 (static binaries, run under
 #        qemu-aarch64-static; needs g++-aarch64-linux-gnu, see scripts/setup.sh)
 set -euo pipefail
+source_only=0
+case "${1:-}" in
+    "") ;;
+    --source-only) source_only=1 ;;
+    *) echo "usage: $0 [--source-only]" >&2; exit 2 ;;
+esac
 root="${LLAMACPP_DIR:-$HOME/.cache/edgellm/llama.cpp}"
 target="${LLAMACPP_TARGET:-native}"
 build="$root/build-$target"
 log() { echo "build-llamacpp: $*" >&2; }
+src="$root/llama-cpp-python-0.3.36/vendor/llama.cpp"
+# The source is fetched once; both modes share it.
+fetch_source() {
+    mkdir -p "$root"
+    if [ ! -f "$src/CMakeLists.txt" ]; then
+        log "downloading llama-cpp-python 0.3.36 sdist from PyPI"
+        python3 -m pip download --quiet --no-binary :all: --no-deps -d "$root" llama-cpp-python==0.3.36 >&2
+        tar -xzf "$root/llama_cpp_python-0.3.36.tar.gz" -C "$root" 2>/dev/null || tar -xzf "$root"/llama_cpp_python-0.3.36.tar.gz -C "$root"
+        # An `a && b` as a function's last command would make it fail under set -e.
+        if [ -d "$root/llama_cpp_python-0.3.36" ]; then
+            mv "$root/llama_cpp_python-0.3.36" "$root/llama-cpp-python-0.3.36"
+        fi
+    fi
+}
+if [ "$source_only" = 1 ]; then fetch_source; echo "$src"; exit 0; fi
 targets=(llama-bench llama-simple llama-completion)
 missing=()
 for t in "${targets[@]}"; do [ -x "$build/bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$build"; exit 0; fi
 command -v cmake >/dev/null || { log "installing cmake"; apt-get install -y -qq cmake >/dev/null; }
-mkdir -p "$root"
-src="$root/llama-cpp-python-0.3.36/vendor/llama.cpp"
-if [ ! -f "$src/CMakeLists.txt" ]; then
-    log "downloading llama-cpp-python 0.3.36 sdist from PyPI"
-    python3 -m pip download --quiet --no-binary :all: --no-deps -d "$root" llama-cpp-python==0.3.36 >&2
-    tar -xzf "$root/llama_cpp_python-0.3.36.tar.gz" -C "$root" 2>/dev/null || tar -xzf "$root"/llama_cpp_python-0.3.36.tar.gz -C "$root"
-    [ -d "$root/llama_cpp_python-0.3.36" ] && mv "$root/llama_cpp_python-0.3.36" "$root/llama-cpp-python-0.3.36"
-fi
+fetch_source
 flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
        -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF)
 if [ "$target" = aarch64 ]; then

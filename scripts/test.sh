@@ -68,6 +68,8 @@ export EDGELLM_BIN="$PWD/target/release/edgellm"
 # rest) with its Q4_0 and Q8_0 requantizations (under a second each; the board profiles'
 # estimates are checked against every file of models/models.toml).
 models/fetch.sh q4_1 q4_0 q8_0 gemma3-270m gemma3-270m-q4_0 gemma3-270m-q8_0 >/dev/null
+# llama.cpp's vocabulary-only GGUF files and their cases (tests/tokenizer_llama_vocabs.rs).
+bench/build-llamacpp.sh --source-only >/dev/null
 EDGELLM_MODEL_DIR="${EDGELLM_CACHE:-$HOME/.cache/edgellm}/models"
 export EDGELLM_MODEL_DIR
 

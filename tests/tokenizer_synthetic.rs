@@ -234,21 +234,33 @@ impl Rng {
 #[test]
 fn hostile_vocabularies_and_inputs_never_panic() {
     let mut r = Rng(0x2545_F491_4F6C_DD1D);
-    let pres = ["smollm", "llama-bpe", "qwen2", "default", "gpt-2"];
+    let pres = [
+        "smollm",
+        "llama-bpe",
+        "qwen2",
+        "default",
+        "gpt-2",
+        "qwen35",
+        "falcon",
+        "deepseek-llm",
+        "deepseek-coder",
+    ];
+    let kinds = [
+        VocabKind::Bpe,
+        VocabKind::Spm,
+        VocabKind::Gemma4,
+        VocabKind::Wpm,
+    ];
     let mut loaded = 0;
-    for round in 0..200u64 {
+    for round in 0..400u64 {
         // Distinct texts (duplicates are a load error, tested elsewhere).
         let mut tokens: Vec<String> = (0..1 + r.below(40)).map(|_| r.word()).collect();
         let mut seen = std::collections::HashSet::new();
         tokens.retain(|t| seen.insert(t.clone()));
         let n_tokens = tokens.len() as u64;
         let v = Vocab {
-            kind: if round % 2 == 0 {
-                VocabKind::Bpe
-            } else {
-                VocabKind::Spm
-            },
-            pre: Some(pres[(round / 2 % 5) as usize].to_string()),
+            kind: kinds[(round % 4) as usize],
+            pre: Some(pres[(round / 4 % 9) as usize].to_string()),
             tokens,
             types: (0..n_tokens).map(|_| r.below(8) as i32).collect(),
             scores: (0..n_tokens)
@@ -282,5 +294,5 @@ fn hostile_vocabularies_and_inputs_never_panic() {
             }
         }
     }
-    assert!(loaded > 50, "only {loaded} of 200 vocabularies loaded");
+    assert!(loaded > 100, "only {loaded} of 400 vocabularies loaded");
 }

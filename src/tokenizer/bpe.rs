@@ -7,10 +7,14 @@
 //! produce or consume is interned once at load into a symbol id, so the merge table is keyed
 //! by `(id, id)` and merging a word allocates nothing. Candidate pairs queued by rank and a
 //! linked list of live symbols make a word of n bytes cost O(n log n).
+//!
+//! Gemma 4's vocabulary (`gemma4` model) is BPE over raw UTF-8 instead ([`BpeTables::raw`]):
+//! words start as UTF-8 characters rather than GPT-2 characters of bytes, and a symbol that is
+//! no token falls back to `<0xNN>` byte tokens.
 
 use super::FastMap;
 use super::queue::{NONE, RankQueue};
-use super::unicode::{byte_to_cpt, push_utf8};
+use super::unicode::{byte_to_cpt, push_utf8, utf8_len};
 
 /// Symbol ids at or past the vocabulary size name merge strings that are not tokens.
 pub(crate) const NO_SYMBOL: u32 = u32::MAX;
@@ -27,6 +31,14 @@ pub(crate) struct BpeTables {
     pub single_byte_token: [Option<u32>; 256],
     /// One past the highest rank.
     pub n_ranks: usize,
+    /// Raw UTF-8 BPE (Gemma 4): no GPT-2 byte map; a word that is only newlines and a token
+    /// as a whole is that token (llama.cpp's fix for Gemma 4, its PR 21343).
+    pub raw: bool,
+    /// Raw mode: the symbol ids of merge strings one UTF-8 character long that are no token
+    /// (a word's first symbols are its characters).
+    pub char_symbols: FastMap<Box<[u8]>, u32>,
+    /// Raw mode: the `<0xNN>` token of each byte, for symbols that are no token.
+    pub hex_byte_token: [Option<u32>; 256],
 }
 
 impl BpeTables {
@@ -36,6 +48,7 @@ impl BpeTables {
         n_vocab: u32,
         lookup: impl Fn(&[u8]) -> Option<u32>,
         merges: impl Iterator<Item = &'a [u8]>,
+        raw: bool,
     ) -> BpeTables {
         let mut extra: FastMap<Vec<u8>, u32> = FastMap::default();
         let mut intern = |s: &[u8]| -> u32 {
@@ -61,6 +74,21 @@ impl BpeTables {
             let merged = intern(&joined);
             table.entry(key).or_insert((rank as u32, merged));
         }
+        let char_symbols = if raw {
+            extra
+                .iter()
+                .filter(|(t, _)| !t.is_empty() && utf8_len(t[0]) == t.len())
+                .map(|(t, &id)| (t.clone().into_boxed_slice(), id))
+                .collect()
+        } else {
+            FastMap::default()
+        };
+        let mut hex_byte_token = [None; 256];
+        if raw {
+            for (b, slot) in hex_byte_token.iter_mut().enumerate() {
+                *slot = lookup(format!("<0x{b:02X}>").as_bytes());
+            }
+        }
         let mut byte_symbol = [NO_SYMBOL; 256];
         let mut byte_text = Vec::with_capacity(256);
         let mut single_byte_token = [None; 256];
@@ -75,6 +103,9 @@ impl BpeTables {
         }
         BpeTables {
             n_ranks,
+            raw,
+            char_symbols,
+            hex_byte_token,
             merges: table,
             byte_symbol,
             byte_text,
@@ -118,11 +149,15 @@ pub(crate) fn merge_word(
     if word.is_empty() {
         return;
     }
-    if ignore_merges {
+    if ignore_merges || (t.raw && word.iter().all(|&b| b == b'\n')) {
         // Llama 3 style: a word that is a token as a whole is taken as is.
         s.encoded.clear();
-        for &b in word {
-            s.encoded.extend_from_slice(&t.byte_text[b as usize]);
+        if t.raw {
+            s.encoded.extend_from_slice(word);
+        } else {
+            for &b in word {
+                s.encoded.extend_from_slice(&t.byte_text[b as usize]);
+            }
         }
         if let Some(id) = lookup(&s.encoded) {
             out.push(id);
@@ -130,24 +165,44 @@ pub(crate) fn merge_word(
         }
     }
     if word.len() > MAX_WORD {
-        let (a, b) = word.split_at(word.len() / 2);
+        // At a character boundary, so raw mode's characters stay whole.
+        let mut mid = word.len() / 2;
+        while mid > 1 && word[mid] & 0xC0 == 0x80 {
+            mid -= 1;
+        }
+        let (a, b) = word.split_at(mid);
         merge_word(t, n_vocab, lookup, ignore_merges, a, s, out);
         merge_word(t, n_vocab, lookup, ignore_merges, b, s, out);
         return;
     }
     s.symbols.clear();
     s.queue.reset(t.n_ranks);
-    let n = word.len() as u32;
-    s.symbols.extend(word.iter().enumerate().map(|(i, &b)| {
-        let i = i as u32;
-        Symbol {
-            id: t.byte_symbol[b as usize],
-            start: i,
-            end: i + 1,
+    // The first symbols: one per byte (its GPT-2 character), or one per UTF-8 character in
+    // raw mode (cut where the lead byte says, as llama.cpp does, even if that is invalid).
+    let mut start = 0;
+    while start < word.len() {
+        let (len, id) = if t.raw {
+            let len = utf8_len(word[start]).min(word.len() - start);
+            let c = &word[start..start + len];
+            let id = lookup(c).or_else(|| t.char_symbols.get(c).copied());
+            (len, id.unwrap_or(NO_SYMBOL))
+        } else {
+            (1, t.byte_symbol[word[start] as usize])
+        };
+        let i = s.symbols.len() as u32;
+        s.symbols.push(Symbol {
+            id,
+            start: start as u32,
+            end: (start + len) as u32,
             prev: if i == 0 { NONE } else { i - 1 },
-            next: if i + 1 == n { NONE } else { i + 1 },
-        }
-    }));
+            next: i + 1,
+        });
+        start += len;
+    }
+    if let Some(last) = s.symbols.last_mut() {
+        last.next = NONE;
+    }
+    let n = s.symbols.len() as u32;
     for i in 1..n {
         if let Some(rank) = pair_rank(t, &s.symbols, i - 1, i) {
             s.queue.push(rank, i - 1);
@@ -205,6 +260,11 @@ pub(crate) fn merge_word(
         let sym = s.symbols[i as usize];
         if sym.id < n_vocab {
             out.push(sym.id);
+        } else if t.raw {
+            // Not a token: each byte as `<0xNN>` (dropped when there is none, as in llama.cpp).
+            for &b in &word[sym.start as usize..sym.end as usize] {
+                out.extend(t.hex_byte_token[b as usize]);
+            }
         } else {
             // Not a token: llama.cpp looks up each byte of the symbol's GPT-2 text alone.
             for &b in &word[sym.start as usize..sym.end as usize] {

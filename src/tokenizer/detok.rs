@@ -12,7 +12,7 @@ pub(crate) fn piece_of(kind: VocabKind, text: &[u8], a: u32) -> Vec<u8> {
     }
     if a & attr::NORMAL != 0 {
         return match kind {
-            VocabKind::Spm => unescape_spaces(text),
+            VocabKind::Spm | VocabKind::Gemma4 | VocabKind::Wpm => unescape_spaces(text),
             VocabKind::Bpe => gpt2_text_to_bytes(text),
         };
     }

@@ -1,12 +1,13 @@
 //! Text → ids: special tokens are cut out first, then each stretch of plain text goes through
 //! the model's tokenizer (llama.cpp's `llama_vocab::impl::tokenize`).
 
-use super::Tokenizer;
 use super::bpe::{BpeScratch, merge_word};
 use super::pretokenize::split;
 use super::spm::{self, SpmVocab};
 use super::unicode::{decode_lenient, push_utf8};
 use super::vocab::attr;
+use super::wpm;
+use super::{Tokenizer, VocabKind};
 use std::ops::Range;
 
 /// A stretch of the input: plain text (a byte range) or a special token found in it.
@@ -116,6 +117,7 @@ impl Tokenizer {
         }
         let mut cpts = Vec::new();
         let mut norm = Vec::new();
+        let mut escaped = Vec::new();
         let mut scratch = BpeScratch::default();
         let n_vocab = self.texts.len() as u32;
         let lookup = |s: &[u8]| self.ids.get(&self.texts, s);
@@ -130,7 +132,20 @@ impl Tokenizer {
             let Some(tables) = &self.bpe else { continue };
             // Words are runs of codepoints; their bytes are the codepoints re-encoded, which
             // equals the input for valid UTF-8 and turns each invalid byte into U+FFFD.
-            decode_lenient(&text[start..end], &mut cpts);
+            // Gemma 4 writes spaces as `▁` first (llama.cpp's escape_whitespaces).
+            if self.kind == VocabKind::Gemma4 {
+                escaped.clear();
+                for &b in &text[start..end] {
+                    if b == b' ' {
+                        escaped.extend_from_slice("\u{2581}".as_bytes());
+                    } else {
+                        escaped.push(b);
+                    }
+                }
+                decode_lenient(&escaped, &mut cpts);
+            } else {
+                decode_lenient(&text[start..end], &mut cpts);
+            }
             let mut at = 0;
             for len in split(self.pre, &cpts) {
                 norm.clear();
@@ -193,6 +208,36 @@ impl Tokenizer {
         }
         if add_special && self.add_eos {
             out.extend(self.specials.eos);
+        }
+    }
+}
+
+impl Tokenizer {
+    /// llama.cpp's WPM branch: with `add_special`, BOS (`[CLS]`) and SEP around the text
+    /// whatever add_bos says (llama.cpp does not look at it there).
+    pub(crate) fn encode_wpm(
+        &self,
+        text: &[u8],
+        frags: &[Fragment],
+        add_special: bool,
+        out: &mut Vec<u32>,
+    ) {
+        if add_special {
+            out.extend(self.specials.bos);
+        }
+        let lookup = |s: &[u8]| self.ids.get(&self.texts, s);
+        for &f in frags {
+            match f {
+                Fragment::Token(id) => out.push(id),
+                Fragment::Text(s, e) => {
+                    if let Some(t) = &self.wpm {
+                        wpm::tokenize(t, &lookup, self.specials.unk, &text[s..e], out);
+                    }
+                }
+            }
+        }
+        if add_special {
+            out.extend(self.specials.sep);
         }
     }
 }

@@ -47,6 +47,8 @@ impl Vocab {
             add_bos: flag("tokenizer.ggml.add_bos_token"),
             add_eos: flag("tokenizer.ggml.add_eos_token"),
             add_space_prefix: flag("tokenizer.ggml.add_space_prefix"),
+            lowercase: flag("tokenizer.ggml.normalizer.lowercase"),
+            strip_accents: flag("tokenizer.ggml.normalizer.strip_accents"),
         })
     }
 }

@@ -4,8 +4,8 @@
 //! - [`Vocab`] is the plain data a GGUF file carries (`tokenizer.ggml.*`); [`Tokenizer::new`]
 //!   builds every lookup table once from it, [`Tokenizer::from_gguf`] reads it from a file.
 //! - Byte-level BPE (`gpt2` model) with the pre-tokenizer named by `tokenizer.ggml.pre`
-//!   ([`PreTokenizer`]), and SentencePiece BPE (`llama` model: scores, `▁` for spaces, byte
-//!   fallback).
+//!   ([`PreTokenizer`]), SentencePiece BPE (`llama` model: scores, `▁` for spaces, byte
+//!   fallback), Gemma 4's BPE over raw UTF-8 (`gemma4`) and WordPiece (`bert`).
 //! - Special tokens (control / user-defined) are recognised in text only when asked
 //!   (`parse_special`); [`Tokenizer::is_eog`] knows every end-of-generation token the way
 //!   llama.cpp derives them.
@@ -36,11 +36,13 @@ mod gguf;
 mod index;
 mod pretokenize;
 mod queue;
+mod regex_stages;
 mod spm;
 mod stream;
 mod templates;
 mod unicode;
 mod vocab;
+mod wpm;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -55,7 +57,7 @@ pub use vocab::{TokenType, Vocab, VocabKind};
 /// and decoding themselves cannot fail.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("unknown tokenizer model {0:?} (supported: \"gpt2\", \"llama\")")]
+    #[error("unknown tokenizer model {0:?} (supported: \"gpt2\", \"llama\", \"gemma4\", \"bert\")")]
     UnknownModel(String),
     #[error("unknown pre-tokenizer {0:?}")]
     UnknownPreTokenizer(String),
@@ -104,6 +106,7 @@ pub struct Tokenizer {
     /// `token_to_piece(id, special = true)` for every id.
     pub(crate) pieces: Vec<Box<[u8]>>,
     pub(crate) bpe: Option<bpe::BpeTables>,
+    pub(crate) wpm: Option<wpm::WpmTables>,
     /// SentencePiece byte fallback: `<0xNN>`, else the one-byte token, else UNK (llama.cpp
     /// would throw there).
     pub(crate) byte_tokens: [Option<u32>; 256],
@@ -193,8 +196,11 @@ impl Tokenizer {
     ) {
         let fragments = encode::partition(self, text, parse_special, protected);
         match self.kind {
-            VocabKind::Bpe => self.encode_bpe(text, &fragments, add_special, out),
+            VocabKind::Bpe | VocabKind::Gemma4 => {
+                self.encode_bpe(text, &fragments, add_special, out)
+            }
             VocabKind::Spm => self.encode_spm(text, &fragments, add_special, out),
+            VocabKind::Wpm => self.encode_wpm(text, &fragments, add_special, out),
         }
     }
 

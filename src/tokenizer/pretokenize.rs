@@ -2,12 +2,18 @@
 //!
 //! llama.cpp describes each pre-tokenizer (`tokenizer.ggml.pre`) as a list of regexes applied
 //! one after the other, each splitting the pieces the previous one produced (the text between
-//! matches stays a piece too). It runs the GPT-2 and Llama-3 regexes through hand-written
-//! matchers (`unicode_regex_split_custom_*`) and the others through `std::regex` on text whose
-//! non-ASCII codepoints are collapsed to one byte per category. This module re-implements the
-//! stages the supported pre-tokenizers use, by hand, with the same semantics, in linear time:
-//! a piece is a run of codepoints and its length is all a stage returns.
+//! matches stays a piece too). It runs the GPT-2, Llama 3, Qwen 2 / 3.5 and newline regexes
+//! through hand-written matchers (`unicode_regex_split_custom_*`) and the others through
+//! `std::regex` on text whose non-ASCII codepoints are collapsed to one byte per category.
+//! This module re-implements the stages the supported pre-tokenizers use, by hand, with the
+//! same semantics, in linear time: the custom matchers here, the `std::regex` shapes in
+//! `regex_stages`. A piece is a run of codepoints and its length is all a stage returns.
 
+use super::regex_stages::{
+    Chunk, OUT_OF_RANGE, ascii_digit_triples, class_runs, for_each_chunk, is_crlf, is_deepseek_cjk,
+    is_deepseek_letter, is_deepseek_punct, is_default_punct, is_falcon_punct, is_letter, is_number,
+    is_punct, single_numbers, singles, space_then_runs, trailing_whitespace,
+};
 use super::unicode::{Flags, flags};
 
 /// The regex families of `tokenizer.ggml.pre` values this crate implements.
@@ -25,6 +31,20 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen 2's regex: Llama 3's with single digits (`qwen2`, `deepseek-r1-qwen`, `stablelm2`, …).
     Qwen2,
+    /// Qwen 3.5's regex: Qwen 2's where combining marks (`\p{M}`) join letter runs (`qwen35`).
+    Qwen35,
+    /// The default's stages with the backtick among the punctuation and no number runs
+    /// (`falcon`).
+    Falcon,
+    /// Newlines alone, runs of (cased) letters and of ASCII/CJK punctuation each with one
+    /// leading space, trailing whitespace, CJK runs, number runs (`deepseek-llm`).
+    DeepseekLlm,
+    /// Newlines alone, letter and punctuation runs with one leading space, CJK runs, single
+    /// digits (`deepseek-coder`).
+    DeepseekCoder,
+    /// Runs of newlines and runs of everything else (`[^\n]+|[\n]+`): Gemma 4's, whose BPE
+    /// merges across spaces.
+    Newlines,
 }
 
 /// Splits `cpts` into words; returns their lengths in codepoints (they add up to `cpts.len()`).
@@ -42,68 +62,31 @@ pub(crate) fn split(pre: PreTokenizer, cpts: &[u32]) -> Vec<usize> {
         }
         PreTokenizer::Gpt2 => gpt2(cpts, &whole),
         PreTokenizer::DigitsThenGpt2 => gpt2(cpts, &single_numbers(cpts, &whole)),
-        PreTokenizer::Llama3 => llama3(cpts, &whole, 3),
-        PreTokenizer::Qwen2 => llama3(cpts, &whole, 1),
-    }
-}
-
-const OUT_OF_RANGE: u32 = u32::MAX;
-
-/// One chunk of the previous stage: reads outside it see no codepoint and empty flags, which
-/// is how llama.cpp keeps each chunk independent (a regex cannot look across chunks).
-struct Chunk<'a> {
-    cpts: &'a [u32],
-    ini: usize,
-    end: usize,
-    prev_end: usize,
-}
-
-impl Chunk<'_> {
-    fn cpt(&self, pos: usize) -> u32 {
-        if self.ini <= pos && pos < self.end {
-            self.cpts[pos]
-        } else {
-            OUT_OF_RANGE
+        PreTokenizer::Llama3 => llama3(cpts, &whole, 3, false),
+        PreTokenizer::Qwen2 => llama3(cpts, &whole, 1, false),
+        PreTokenizer::Qwen35 => llama3(cpts, &whole, 1, true),
+        PreTokenizer::Newlines => class_runs(cpts, &whole, |c| c == '\n' as u32),
+        PreTokenizer::Falcon => {
+            let s = class_runs(cpts, &whole, is_falcon_punct);
+            let s = gpt2(cpts, &s);
+            ascii_digit_triples(cpts, &s)
+        }
+        PreTokenizer::DeepseekLlm => {
+            let s = singles(cpts, &whole, is_crlf);
+            let s = space_then_runs(cpts, &s, is_deepseek_letter);
+            let s = space_then_runs(cpts, &s, is_deepseek_punct);
+            let s = trailing_whitespace(cpts, &s);
+            let s = class_runs(cpts, &s, is_deepseek_cjk);
+            class_runs(cpts, &s, is_number)
+        }
+        PreTokenizer::DeepseekCoder => {
+            let s = singles(cpts, &whole, is_crlf);
+            let s = space_then_runs(cpts, &s, is_letter);
+            let s = space_then_runs(cpts, &s, is_punct);
+            let s = class_runs(cpts, &s, is_deepseek_cjk);
+            single_numbers(cpts, &s)
         }
     }
-
-    fn flags(&self, pos: usize) -> Flags {
-        if self.ini <= pos && pos < self.end {
-            flags(self.cpts[pos])
-        } else {
-            Flags::default()
-        }
-    }
-
-    /// Ends the current word at `end`; returns its length (0 words are not recorded).
-    fn add(&mut self, end: usize, out: &mut Vec<usize>) -> usize {
-        let len = end - self.prev_end;
-        if len > 0 {
-            out.push(len);
-        }
-        self.prev_end = end;
-        len
-    }
-}
-
-fn for_each_chunk(
-    cpts: &[u32],
-    chunks: &[usize],
-    mut f: impl FnMut(&mut Chunk, &mut Vec<usize>),
-) -> Vec<usize> {
-    let mut out = Vec::with_capacity(chunks.len() * 2);
-    let mut start = 0;
-    for &len in chunks {
-        let mut c = Chunk {
-            cpts,
-            ini: start,
-            end: start + len,
-            prev_end: start,
-        };
-        f(&mut c, &mut out);
-        start += len;
-    }
-    out
 }
 
 /// `'s|'t|'re|'ve|'m|'ll|'d` at `pos`: the match length, 0 if none. `fold` makes it case
@@ -189,11 +172,13 @@ fn whitespace_tail(c: &mut Chunk, pos: usize, out: &mut Vec<usize>) -> usize {
 
 /// Llama 3 (`max_digits` 3) and Qwen 2 (`max_digits` 1):
 /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
-/// as llama.cpp's `unicode_regex_split_custom_llama3` matches it. llama.cpp runs Qwen 2's
-/// variant through `std::regex` instead; the two agree on every input (checked case by case:
-/// each alternative is tried in the same order with the same greediness).
-fn llama3(cpts: &[u32], chunks: &[usize], max_digits: usize) -> Vec<usize> {
+/// as llama.cpp's `unicode_regex_split_custom_llama3` / `_qwen2` match it. With `marks`, Qwen
+/// 3.5's: `\p{L}+` becomes `[\p{L}\p{M}]+` and the punctuation class excludes `\p{M}` too
+/// (`unicode_regex_split_custom_qwen35`), so a combining accent stays on its letter.
+fn llama3(cpts: &[u32], chunks: &[usize], max_digits: usize, marks: bool) -> Vec<usize> {
     let is_crlf = |x: u32| x == '\r' as u32 || x == '\n' as u32;
+    let wordy = |f: Flags| f.is_letter() || (marks && f.is_mark());
+    let other = |f: Flags| !(f.is_whitespace() || wordy(f) || f.is_number()) && f.bits() != 0;
     for_each_chunk(cpts, chunks, |c, out| {
         let mut pos = c.ini;
         while pos < c.end {
@@ -204,10 +189,10 @@ fn llama3(cpts: &[u32], chunks: &[usize], max_digits: usize) -> Vec<usize> {
                 pos += c.add(pos + n, out);
                 continue;
             }
-            // [^\r\n\p{L}\p{N}]?\p{L}+
-            if !(is_crlf(cpt) || f.is_number()) && (f.is_letter() || c.flags(pos + 1).is_letter()) {
+            // [^\r\n\p{L}\p{N}]?\p{L}+ (or [\p{L}\p{M}]+)
+            if !(is_crlf(cpt) || f.is_number()) && (wordy(f) || wordy(c.flags(pos + 1))) {
                 pos += 1;
-                while c.flags(pos).is_letter() {
+                while wordy(c.flags(pos)) {
                     pos += 1;
                 }
                 c.add(pos, out);
@@ -230,9 +215,9 @@ fn llama3(cpts: &[u32], chunks: &[usize], max_digits: usize) -> Vec<usize> {
             // which only matters for a space at the very end of a chunk (it becomes a word).
             let space = cpt == ' ' as u32;
             let mut f2 = if space { c.flags(pos + 1) } else { f };
-            if !(f2.is_whitespace() || f2.is_letter() || f2.is_number()) && f.bits() != 0 {
+            if !(f2.is_whitespace() || wordy(f2) || f2.is_number()) && f.bits() != 0 {
                 pos += space as usize;
-                while is_other(f2) {
+                while other(f2) {
                     pos += 1;
                     f2 = c.flags(pos);
                 }
@@ -259,64 +244,6 @@ fn llama3(cpts: &[u32], chunks: &[usize], max_digits: usize) -> Vec<usize> {
             pos = whitespace_tail(c, pos, out);
         }
     })
-}
-
-/// A `\p{N}` regex: every number codepoint is a word of its own, the text between stays whole.
-fn single_numbers(cpts: &[u32], chunks: &[usize]) -> Vec<usize> {
-    for_each_chunk(cpts, chunks, |c, out| {
-        for pos in c.ini..c.end {
-            if is_number(c.cpts[pos]) {
-                c.add(pos, out);
-                c.add(pos + 1, out);
-            }
-        }
-        c.add(c.end, out);
-    })
-}
-
-/// A `[class]+` regex: maximal runs of class members are words, and so is the text between.
-fn class_runs(cpts: &[u32], chunks: &[usize], member: fn(u32) -> bool) -> Vec<usize> {
-    for_each_chunk(cpts, chunks, |c, out| {
-        let mut pos = c.ini;
-        while pos < c.end {
-            let inside = member(c.cpts[pos]);
-            while pos < c.end && member(c.cpts[pos]) == inside {
-                pos += 1;
-            }
-            c.add(pos, out);
-        }
-    })
-}
-
-/// `[0-9][0-9][0-9]`: leftmost runs of three ASCII digits are words.
-fn ascii_digit_triples(cpts: &[u32], chunks: &[usize]) -> Vec<usize> {
-    let digit = |x: u32| (b'0' as u32..=b'9' as u32).contains(&x);
-    for_each_chunk(cpts, chunks, |c, out| {
-        let mut pos = c.ini;
-        while pos < c.end {
-            if pos + 3 <= c.end && (pos..pos + 3).all(|p| digit(c.cpts[p])) {
-                c.add(pos, out);
-                c.add(pos + 3, out);
-                pos += 3;
-            } else {
-                pos += 1;
-            }
-        }
-        c.add(c.end, out);
-    })
-}
-
-/// `\p{N}` on llama.cpp's collapsed text: ASCII digits, or a non-ASCII number that is not
-/// whitespace (whitespace collapses to a vertical tab before categories are looked at).
-fn is_number(cpt: u32) -> bool {
-    let f = flags(cpt);
-    f.is_number() && !f.is_whitespace()
-}
-
-/// `[\p{P}\$\+<=>\^~\|]` on collapsed text: punctuation or one of `$+<=>^~|`.
-fn is_default_punct(cpt: u32) -> bool {
-    let f = flags(cpt);
-    (f.is_punctuation() && !f.is_whitespace()) || "$+<=>^~|".bytes().any(|b| b as u32 == cpt)
 }
 
 #[cfg(test)]
@@ -377,14 +304,70 @@ mod tests {
     }
 
     #[test]
+    fn qwen35_keeps_combining_marks_on_their_letters() {
+        let text = "e\u{301}'T x\u{308}";
+        assert_eq!(
+            words(PreTokenizer::Qwen35, text),
+            ["e\u{301}", "'T", " x\u{308}"]
+        );
+        assert_eq!(
+            words(PreTokenizer::Qwen2, text),
+            ["e", "\u{301}'", "T", " x", "\u{308}"]
+        );
+    }
+
+    #[test]
+    fn falcon_counts_the_backtick_as_punctuation() {
+        assert_eq!(
+            words(PreTokenizer::Falcon, "a``b 12345"),
+            ["a", "``", "b", " ", "123", "45"]
+        );
+    }
+
+    #[test]
+    fn deepseek_llm_cuts_newlines_letters_punctuation_and_trailing_space() {
+        // U+3000 is whitespace to llama.cpp's regexes: a leading space, never punctuation.
+        assert_eq!(
+            words(PreTokenizer::DeepseekLlm, "ab\u{3000}！\n  "),
+            ["ab", "\u{3000}！", "\n", "  "]
+        );
+        assert_eq!(
+            words(PreTokenizer::DeepseekLlm, "!\u{3000}"),
+            ["!", "\u{3000}"]
+        );
+        assert_eq!(words(PreTokenizer::DeepseekLlm, "½  "), ["½", "  "]);
+    }
+
+    #[test]
+    fn deepseek_coder_splits_digits_one_by_one() {
+        assert_eq!(
+            words(PreTokenizer::DeepseekCoder, "x1 23\n"),
+            ["x", "1", " ", "2", "3", "\n"]
+        );
+    }
+
+    #[test]
+    fn gemma4_words_are_newline_runs_and_the_text_between() {
+        assert_eq!(
+            words(PreTokenizer::Newlines, "a b\n\nc"),
+            ["a b", "\n\n", "c"]
+        );
+    }
+
+    #[test]
     fn words_always_cover_the_whole_text() {
-        let text = "x\u{0378}\u{3000}\u{0301}é ½'S\r\n \t";
+        let text = "x\u{0378}\u{3000}\u{0301}é ½'S\r\n \t！一";
         for pre in [
             PreTokenizer::Default,
             PreTokenizer::Gpt2,
             PreTokenizer::DigitsThenGpt2,
             PreTokenizer::Llama3,
             PreTokenizer::Qwen2,
+            PreTokenizer::Qwen35,
+            PreTokenizer::Falcon,
+            PreTokenizer::DeepseekLlm,
+            PreTokenizer::DeepseekCoder,
+            PreTokenizer::Newlines,
         ] {
             assert_eq!(words(pre, text).concat(), text, "{pre:?}");
         }

@@ -35,6 +35,15 @@ impl Flags {
     pub fn is_letter(self) -> bool {
         self.0 & Self::LETTER != 0
     }
+    pub fn is_symbol(self) -> bool {
+        self.0 & Self::SYMBOL != 0
+    }
+    pub fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
+    }
+    pub fn is_mark(self) -> bool {
+        self.0 & Self::MARK != 0
+    }
     pub fn is_punctuation(self) -> bool {
         self.0 & Self::PUNCTUATION != 0
     }

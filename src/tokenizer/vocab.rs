@@ -5,6 +5,7 @@ use super::bpe::BpeTables;
 use super::detok::piece_of;
 use super::index::TextIndex;
 use super::pretokenize::PreTokenizer;
+use super::wpm::WpmTables;
 use super::{SpecialIds, Tokenizer, TokenizerError};
 
 /// Which tokenizer algorithm a vocabulary uses (`tokenizer.ggml.model`).
@@ -15,6 +16,11 @@ pub enum VocabKind {
     Bpe,
     /// `"llama"`: SentencePiece BPE driven by token scores.
     Spm,
+    /// `"gemma4"`: BPE with merges over raw UTF-8, spaces written `▁`, `<0xNN>` byte tokens,
+    /// words cut only at newlines (llama.cpp's `gemma4` pre-tokenizer, implied by the model).
+    Gemma4,
+    /// `"bert"`: WordPiece, the longest token at each byte of a normalized word.
+    Wpm,
 }
 
 impl VocabKind {
@@ -22,6 +28,8 @@ impl VocabKind {
         match name {
             "gpt2" => Ok(VocabKind::Bpe),
             "llama" => Ok(VocabKind::Spm),
+            "gemma4" => Ok(VocabKind::Gemma4),
+            "bert" => Ok(VocabKind::Wpm),
             other => Err(TokenizerError::UnknownModel(other.to_string())),
         }
     }
@@ -63,6 +71,10 @@ pub struct Vocab {
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; default true).
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: as `lowercase`).
+    pub strip_accents: Option<bool>,
 }
 
 /// llama.cpp's token attribute bits (`llama_token_attr`).
@@ -145,6 +157,10 @@ fn pre_config(name: Option<&str>) -> Result<PreConfig, TokenizerError> {
         "smollm" | "command-r" => c(DigitsThenGpt2, false),
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" => c(Qwen2, false),
         "megrez" | "stablelm2" => c(Qwen2, true),
+        "qwen35" => c(Qwen35, false),
+        "falcon" => c(Falcon, true),
+        "deepseek-llm" => c(DeepseekLlm, false),
+        "deepseek-coder" => c(DeepseekCoder, false),
         other => return Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
     })
 }
@@ -276,9 +292,29 @@ impl Tokenizer {
                 (add_bos, add_eos, add_space_prefix) = (c.add_bos, false, false);
                 (clean_spaces, ignore_merges) = (c.clean_spaces, c.ignore_merges);
             }
+            VocabKind::Gemma4 => {
+                // No default special ids: the file names them. The file's
+                // tokenizer.ggml.pre is ignored (llama.cpp forces "gemma4").
+                pre = PreTokenizer::Newlines;
+                s = SpecialIds::default();
+                (add_bos, add_eos, add_space_prefix) = (false, false, false);
+                (clean_spaces, ignore_merges) = (true, false);
+            }
+            VocabKind::Wpm => {
+                pre = PreTokenizer::Default; // unused: WordPiece cuts its own words
+                s = SpecialIds {
+                    bos: Some(101),
+                    unk: Some(100),
+                    sep: Some(102),
+                    pad: Some(0),
+                    ..Default::default()
+                };
+                (add_bos, add_eos, add_space_prefix) = (true, false, false);
+                (clean_spaces, ignore_merges) = (true, false);
+            }
         }
         // Defaults outside the vocabulary are dropped; file values outside it are ignored.
-        for id in [&mut s.bos, &mut s.eos, &mut s.unk] {
+        for id in [&mut s.bos, &mut s.eos, &mut s.unk, &mut s.sep, &mut s.pad] {
             *id = in_range(*id);
         }
         let file = [
@@ -303,6 +339,8 @@ impl Tokenizer {
         }
         add_space_prefix = v.add_space_prefix.unwrap_or(add_space_prefix);
         add_bos = v.add_bos.unwrap_or(add_bos);
+        // llama.cpp overrides a Gemma 4 file that says no BOS (its PR 21500).
+        add_bos |= v.kind == VocabKind::Gemma4;
         let add_eos = v.add_eos.unwrap_or(add_eos);
         if add_bos && s.bos.is_none() {
             return Err(TokenizerError::MissingSpecial {
@@ -348,8 +386,12 @@ impl Tokenizer {
         special.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
         let lookup = |t: &[u8]| ids.get(&texts, t);
-        let bpe = (v.kind == VocabKind::Bpe)
-            .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes())));
+        let raw = v.kind == VocabKind::Gemma4;
+        let lowercase = v.lowercase.unwrap_or(true);
+        let wpm = (v.kind == VocabKind::Wpm)
+            .then(|| WpmTables::new(&texts, lowercase, v.strip_accents.unwrap_or(lowercase)));
+        let bpe = matches!(v.kind, VocabKind::Bpe | VocabKind::Gemma4)
+            .then(|| BpeTables::new(n as u32, lookup, v.merges.iter().map(|m| m.as_bytes()), raw));
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
@@ -377,6 +419,7 @@ impl Tokenizer {
             ids,
             pieces,
             bpe,
+            wpm,
             byte_tokens,
             special,
             specials: s,
