@@ -71,7 +71,8 @@ pub fn top_k_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 
 impl Engine {
     /// Generates after `prompt`. Tokens the session already holds as a prefix of `prompt` are
-    /// reused (at least the last prompt token is recomputed, to get its logits). `on_token`
+    /// reused (at least the last prompt token is recomputed, to get its logits), unless the
+    /// sliding-window rings no longer hold that prefix's window ([`Session::truncate`]). `on_token`
     /// sees each generated id and returns `false` to stop. The decode loop allocates nothing.
     pub fn generate(
         &mut self,
