@@ -2,6 +2,7 @@
 //! checksummed, append-only snapshots on flash (`docs/kv-format.md`).
 
 mod cache;
+mod elem;
 pub mod file;
 pub mod snapshot;
 
