@@ -19,7 +19,7 @@
 //! block-by-block sequence, so the tile shape does not reach the result.
 
 use super::simd::f16_to_f32;
-use crate::block::{BlockQ4K, BlockQ8K, QK_K, f16};
+use crate::block::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K, f16};
 use crate::kseq::{finish_block, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use bytemuck::cast;
@@ -99,6 +99,50 @@ impl KFormat for Q4K {
     #[inline(always)]
     fn unpack(w: &BlockQ4K) -> Unpacked {
         q4_q5(&w.qs, None, &w.scales, w.d, w.dmin)
+    }
+}
+
+struct Q6K;
+impl KFormat for Q6K {
+    type W = BlockQ6K;
+    /// Values `128n + 32k + l` (`l` in 0..32) take the low (`k` = 0, 1) or high (2, 3) nibble
+    /// of `ql[64n + 32(k & 1) + l]` and bits `2k, 2k + 1` of `qh[32n + l]` (`q6_values`);
+    /// group `8n + 2k + h` is `l` in `16h..16h + 16`, with scale `scales[8n + 2k + h]`.
+    #[inline(always)]
+    fn unpack(w: &BlockQ6K) -> Unpacked {
+        let (m4, m2) = (u16x8::splat(0x0f), u16x8::splat(0x03));
+        let mut q = [i16x8::ZERO; 32];
+        let mut bsum_mul = [0i32; 16];
+        for n in 0..2 {
+            for h in 0..2 {
+                let ql0 = u16s(&w.ql[64 * n + 16 * h..]);
+                let ql1 = u16s(&w.ql[64 * n + 32 + 16 * h..]);
+                let qh = u16s(&w.qh[32 * n + 16 * h..]);
+                // Even bytes, odd bytes.
+                let lo = [
+                    [ql0 & m4, (ql0 >> 8) & m4],
+                    [ql1 & m4, (ql1 >> 8) & m4],
+                    [(ql0 >> 4) & m4, ql0 >> 12],
+                    [(ql1 >> 4) & m4, ql1 >> 12],
+                ];
+                let hb = [qh, qh >> 8];
+                for (k, lk) in lo.iter().enumerate() {
+                    let g = 8 * n + 2 * k + h;
+                    let s = i16x8::splat(w.scales[g] as i16);
+                    for e in 0..2 {
+                        let hi = ((hb[e] >> (2 * k as u16)) & m2) << 4;
+                        q[2 * g + e] = cast::<_, i16x8>(lk[e] | hi) * s;
+                    }
+                    bsum_mul[g] = 32 * w.scales[g] as i32;
+                }
+            }
+        }
+        Unpacked {
+            q,
+            d: f16_to_f32(w.d),
+            bsum_mul,
+            dmin: None,
+        }
     }
 }
 
@@ -262,6 +306,13 @@ k_kernels!(
     vec_dot_q4_k_q8_k,
     matvec_q4_k_q8_k,
     matmul_q4_k_q8_k
+);
+k_kernels!(
+    Q6K,
+    BlockQ6K,
+    vec_dot_q6_k_q8_k,
+    matvec_q6_k_q8_k,
+    matmul_q6_k_q8_k
 );
 
 const _: () = assert!(QK_K == 256);
