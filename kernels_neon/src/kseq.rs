@@ -1,5 +1,5 @@
 //! The scalar part of a K-quant block product that the fast paths share (`x86/kquant.rs`,
-//! `neon/kquant.rs`), written once so that the two architectures cannot drift apart: each
+//! `neon/kquant.rs`, `portable/kquant.rs`), written once so that they cannot drift apart: each
 //! path computes the block's exact integer sum `sumi` with its own instructions and hands it
 //! here. `tests/kquant_sequence.rs` checks every path against this sequence, bit for bit.
 

@@ -19,7 +19,7 @@
 //! block-by-block sequence, so the tile shape does not reach the result.
 
 use super::simd::f16_to_f32;
-use crate::block::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K, f16};
+use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
 use crate::kseq::{finish_block, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use bytemuck::cast;
@@ -99,6 +99,15 @@ impl KFormat for Q4K {
     #[inline(always)]
     fn unpack(w: &BlockQ4K) -> Unpacked {
         q4_q5(&w.qs, None, &w.scales, w.d, w.dmin)
+    }
+}
+
+struct Q5K;
+impl KFormat for Q5K {
+    type W = BlockQ5K;
+    #[inline(always)]
+    fn unpack(w: &BlockQ5K) -> Unpacked {
+        q4_q5(&w.qs, Some(&w.qh), &w.scales, w.d, w.dmin)
     }
 }
 
@@ -306,6 +315,13 @@ k_kernels!(
     vec_dot_q4_k_q8_k,
     matvec_q4_k_q8_k,
     matmul_q4_k_q8_k
+);
+k_kernels!(
+    Q5K,
+    BlockQ5K,
+    vec_dot_q5_k_q8_k,
+    matvec_q5_k_q8_k,
+    matmul_q5_k_q8_k
 );
 k_kernels!(
     Q6K,
