@@ -42,6 +42,15 @@ struct Unpacked {
     dmin: Option<f32>,
 }
 
+impl Unpacked {
+    const ZERO: Self = Self {
+        q: [i16x8::ZERO; 32],
+        d: 0.0,
+        bsum_mul: [0; 16],
+        dmin: None,
+    };
+}
+
 trait KFormat {
     type W;
     fn unpack(w: &Self::W) -> Unpacked;
@@ -195,8 +204,13 @@ fn tile<F: KFormat, const RM: usize, const RN: usize>(
     out: &mut [f32],
 ) {
     let (mut acc, mut mins) = ([[0.0f32; RN]; RM], [[0.0f32; RN]; RM]);
+    // One buffer reused for every block: `array::from_fn` here was left out of line with a
+    // 2 KiB copy per call.
+    let mut u = [Unpacked::ZERO; RM];
     for b in 0..nb {
-        let u: [Unpacked; RM] = std::array::from_fn(|i| F::unpack(&w[(r + i) * nb + b]));
+        for (i, ui) in u.iter_mut().enumerate() {
+            *ui = F::unpack(&w[(r + i) * nb + b]);
+        }
         for j in 0..RN {
             let ab = &a[(t + j) * nb + b];
             let ap = split_a(ab);
