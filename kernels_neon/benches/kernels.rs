@@ -16,6 +16,8 @@
 //!   tract-peer`, `matvec_q4_0_q8_0/*/tract/*` is tract-linalg's Q4_0 x f32 product on the
 //!   same weights (benches/common/tract_peer.rs).
 //! - `matmul_<w>_<a>/64x<rows>x<cols>`: a 64-token prompt batch, in MAC/s (elements).
+//! - `matvec_q{4,5,6}_k_q8_k/640x2048/<path>/hot` and `matmul_q{4,5,6}_k_q8_k/64x640x2048`:
+//!   the K-quants at Gemma 3 270M's FFN shape, the reference included.
 //! - `vec_dot_*`, `quantize_row_*`, and the f32 ops, in values/s.
 //!
 //! The reference path is the baseline: it is benched on the small hot matvecs and on every
@@ -185,6 +187,54 @@ fn matmuls(c: &mut Criterion) {
     matmul_one::<BlockQ8_0>(c, "matmul_q8_0_q8_0");
 }
 
+/// The K-quant matvec (hot) and 64-token matmul at Gemma 3 270M's FFN shape (2048 → 640;
+/// the K-quants' 256-value blocks do not divide SmolLM2's 576 columns), every path including
+/// the reference: a path's K-quant kernel is kept only if it beats the reference.
+fn kquant_one<W: WeightFormat>(c: &mut Criterion, name: &str) {
+    let (rows, cols) = (640, 2048);
+    let w: Vec<W> = weight_matrix(rows, cols, 500);
+    let a: Vec<W::Activation> = quant(&f32_vec(cols * MATMUL_TOKENS, 501, 1.0));
+    let mut out = vec![0.0f32; rows * MATMUL_TOKENS];
+    let mut g = c.benchmark_group(format!("matvec_{name}/{rows}x{cols}"));
+    g.throughput(Throughput::BytesDecimal(bytes_of(&w) as u64));
+    let nb = cols / W::BLOCK_LEN;
+    for k in paths() {
+        let mv = W::matvec(k);
+        g.bench_function(BenchmarkId::new(k.name(), "hot"), |b| {
+            b.iter(|| {
+                mv(
+                    black_box(&w),
+                    black_box(&a[..nb]),
+                    black_box(&mut out[..rows]),
+                )
+            })
+        });
+    }
+    g.finish();
+    let mut g = c.benchmark_group(format!("matmul_{name}/{MATMUL_TOKENS}x{rows}x{cols}"));
+    g.throughput(Throughput::Elements((rows * cols * MATMUL_TOKENS) as u64));
+    for k in paths() {
+        let mm = W::matmul(k);
+        g.bench_function(k.name(), |b| {
+            b.iter(|| {
+                mm(
+                    black_box(&w),
+                    black_box(&a),
+                    MATMUL_TOKENS,
+                    black_box(&mut out),
+                )
+            })
+        });
+    }
+    g.finish();
+}
+
+fn kquants(c: &mut Criterion) {
+    kquant_one::<BlockQ4K>(c, "q4_k_q8_k");
+    kquant_one::<BlockQ6K>(c, "q6_k_q8_k");
+    kquant_one::<BlockQ5K>(c, "q5_k_q8_k");
+}
+
 fn vec_dot_one<W: WeightFormat>(c: &mut Criterion, name: &str) {
     let mut g = c.benchmark_group(name);
     for n in [576, 1536] {
@@ -317,6 +367,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = membw, matvecs, matmuls, vec_dots, quantizers, f32_ops
+    targets = membw, matvecs, matmuls, kquants, vec_dots, quantizers, f32_ops
 }
 criterion_main!(benches);

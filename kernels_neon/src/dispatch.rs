@@ -324,7 +324,7 @@ pub struct MoreFormats {
 }
 
 /// The scalar references of [`MoreFormats`], and the entries of each path that has no fast
-/// version of them yet (the K-quants on every path).
+/// version of them yet (the Q8_K quantizer on every path).
 pub const MORE_REFERENCE: MoreFormats = MoreFormats {
     quantize_row_q8_k: r::quantize_row_q8_k_ref,
     vec_dot_q5_0_q8_0: r::vec_dot_q5_0_q8_0_ref,

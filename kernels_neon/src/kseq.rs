@@ -1,5 +1,5 @@
 //! The scalar part of a K-quant block product that the fast paths share (`x86/kquant.rs`,
-//! `neon/kquant.rs`), written once so that the two architectures cannot drift apart: each
+//! `neon/kquant.rs`, `portable/kquant.rs`), written once so that they cannot drift apart: each
 //! path computes the block's exact integer sum `sumi` with its own instructions and hands it
 //! here. `tests/kquant_sequence.rs` checks every path against this sequence, bit for bit.
 
@@ -34,14 +34,30 @@ pub(crate) fn finish_block(
     acc: &mut f32,
     mins: &mut f32,
 ) {
-    let mut sumi = sumi;
     let mut off = 0i32;
     for (m, &b) in bsum_mul.iter().zip(&a.bsums) {
         off = off.wrapping_add(m.wrapping_mul(b as i32));
     }
+    finish_block_off(sumi, off, d, dmin, a.d, acc, mins);
+}
+
+/// [`finish_block`] given `off = Σ bsum_mul[i] · bsums[i]` (wrapping), for a path that computes
+/// that integer with its own instructions (`portable/kquant.rs`); `a_d` is the activation's `d`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // as `finish_block`
+pub(crate) fn finish_block_off(
+    sumi: i32,
+    off: i32,
+    d: f32,
+    dmin: Option<f32>,
+    a_d: f32,
+    acc: &mut f32,
+    mins: &mut f32,
+) {
+    let mut sumi = sumi;
     match dmin {
-        Some(dmin) => *mins = (dmin * a.d).mul_add(off as f32, *mins),
+        Some(dmin) => *mins = (dmin * a_d).mul_add(off as f32, *mins),
         None => sumi = sumi.wrapping_sub(off),
     }
-    *acc = (d * a.d).mul_add(sumi as f32, *acc);
+    *acc = (d * a_d).mul_add(sumi as f32, *acc);
 }

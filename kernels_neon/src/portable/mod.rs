@@ -3,8 +3,9 @@
 //! implementations at compile time from the target's baseline features.
 //!
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
-//! - Q5_0 and Q5_1 go through the Q4 tiles with their fifth bits unpacked; the K-quants use
-//!   the references for now.
+//! - Q5_0 and Q5_1 go through the Q4 tiles with their fifth bits unpacked.
+//! - `kquant`: Q4_K, Q5_K and Q6_K × Q8_K on the other fast paths' arithmetic sequence
+//!   (`kseq`), so their bits match AVX2's and NEON's; the Q8_K quantizer is the reference's.
 //! - `dot`: per-block integer dot products on 16-bit lanes.
 //! - `matmul`: one register tile for `vec_dot`, `matvec` (4 rows per pass) and `matmul`
 //!   (4 rows × 2 tokens), with a row's result independent of the tiling.
@@ -12,6 +13,7 @@
 //!   conversions and `exp` on vectors.
 
 mod dot;
+mod kquant;
 mod matmul;
 mod ops;
 mod quant;
@@ -19,7 +21,8 @@ mod simd;
 
 use crate::dispatch::{Kernels, Path};
 
-/// The portable table. Every kernel but `rope_norm` has a vectorised version.
+/// The portable table. Every kernel but `rope_norm` and `quantize_row_q8_k` has a vectorised
+/// version.
 pub(crate) const TABLE: Kernels = Kernels {
     path: Path::Portable,
     quantize_row_q8_0: quant::quantize_row_q8_0,
@@ -34,7 +37,8 @@ pub(crate) const TABLE: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
-    // The K-quants not yet faster than the references (#18).
+    // The Q8_K quantizer is the reference's: it runs once per activation row, the products
+    // once per weight row.
     more: crate::dispatch::MoreFormats {
         vec_dot_q5_0_q8_0: matmul::vec_dot_q5_0_q8_0,
         vec_dot_q5_1_q8_1: matmul::vec_dot_q5_1_q8_1,
@@ -42,6 +46,15 @@ pub(crate) const TABLE: Kernels = Kernels {
         matvec_q5_1_q8_1: matmul::matvec_q5_1_q8_1,
         matmul_q5_0_q8_0: matmul::matmul_q5_0_q8_0,
         matmul_q5_1_q8_1: matmul::matmul_q5_1_q8_1,
+        vec_dot_q4_k_q8_k: kquant::vec_dot_q4_k_q8_k,
+        matvec_q4_k_q8_k: kquant::matvec_q4_k_q8_k,
+        matmul_q4_k_q8_k: kquant::matmul_q4_k_q8_k,
+        vec_dot_q6_k_q8_k: kquant::vec_dot_q6_k_q8_k,
+        matvec_q6_k_q8_k: kquant::matvec_q6_k_q8_k,
+        matmul_q6_k_q8_k: kquant::matmul_q6_k_q8_k,
+        vec_dot_q5_k_q8_k: kquant::vec_dot_q5_k_q8_k,
+        matvec_q5_k_q8_k: kquant::matvec_q5_k_q8_k,
+        matmul_q5_k_q8_k: kquant::matmul_q5_k_q8_k,
         ..crate::dispatch::MORE_REFERENCE
     },
     rms_norm: ops::rms_norm,
