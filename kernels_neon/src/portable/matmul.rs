@@ -110,21 +110,13 @@ fn run<F: Fmt, const RM: usize, const RN: usize>(
     const { assert!(RM >= 1 && RM <= 4 && RN >= 1 && RN <= 2) };
     let rows = out.len() / n_tok;
     let p = Problem::<F> { w, a, nb, n_tok };
-    let mut r = 0;
-    while r < rows {
-        let rm = RM.min(rows - r);
-        let mut t = 0;
-        while t < n_tok {
-            let rn = RN.min(n_tok - t);
-            if rm == RM && rn == RN {
-                tile::<F, RM, RN>(&p, r, t, out);
-            } else {
-                tile_dyn::<F>(&p, r, t, rm, rn, out);
-            }
-            t += rn;
+    super::for_each_tile(rows, n_tok, RM, RN, |r, t, rm, rn| {
+        if rm == RM && rn == RN {
+            tile::<F, RM, RN>(&p, r, t, out);
+        } else {
+            tile_dyn::<F>(&p, r, t, rm, rn, out);
         }
-        r += rm;
-    }
+    });
 }
 
 macro_rules! kernels {

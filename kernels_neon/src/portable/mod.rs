@@ -21,6 +21,30 @@ mod simd;
 
 use crate::dispatch::{Kernels, Path};
 
+/// Walks a `rows × n_tok` output in tiles of at most `rm × rn` (smaller ones at the bottom and
+/// right edges), calling `tile(r, t, rows_here, toks_here)` for each: the one tile order of the
+/// quantized products (`matmul`, `kquant`).
+#[inline(always)]
+fn for_each_tile(
+    rows: usize,
+    n_tok: usize,
+    rm: usize,
+    rn: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut r = 0;
+    while r < rows {
+        let m = rm.min(rows - r);
+        let mut t = 0;
+        while t < n_tok {
+            let n = rn.min(n_tok - t);
+            tile(r, t, m, n);
+            t += n;
+        }
+        r += m;
+    }
+}
+
 /// The portable table. Every kernel but `rope_norm` and `quantize_row_q8_k` has a vectorised
 /// version.
 pub(crate) const TABLE: Kernels = Kernels {
