@@ -283,9 +283,7 @@ pub fn run(a: Args) -> CliResult {
         );
         // Layers that hold every position, and (with a window) those that hold a ring.
         let window = h.kv_window();
-        let sliding = (0..h.n_layer)
-            .filter(|&l| window.is_some_and(|w| w.slides(l)))
-            .count();
+        let sliding = edgellm::kv::Window::sliding_layers(window, h.n_layer);
         let (ring, _) = edgellm::kv::ring_shape(ctx, window, chunk);
         let positions = if sliding == 0 {
             format!("{} layers x {ctx} ctx", h.n_layer)

@@ -31,6 +31,11 @@ impl Window {
     pub fn slides(&self, l: usize) -> bool {
         self.pattern > 0 && l % self.pattern < self.pattern - 1
     }
+
+    /// How many of `n_layer` layers slide (0 without a window).
+    pub fn sliding_layers(window: Option<Window>, n_layer: usize) -> usize {
+        window.map_or(0, |w| (0..n_layer).filter(|&l| w.slides(l)).count())
+    }
 }
 
 /// Slots of a sliding layer's ring and the positions a shift keeps, for a context of `n_ctx`
@@ -148,9 +153,7 @@ impl KvCache {
         max_batch: usize,
     ) -> Option<u64> {
         let (ring, _) = ring_shape(n_ctx, window, max_batch);
-        let sliding = (0..n_layer)
-            .filter(|&l| window.is_some_and(|w| w.slides(l)))
-            .count();
+        let sliding = Window::sliding_layers(window, n_layer);
         let slots = ((n_layer - sliding) as u64)
             .checked_mul(n_ctx as u64)?
             .checked_add((sliding as u64).checked_mul(ring as u64)?)?;

@@ -42,9 +42,7 @@ impl Geometry {
 
     /// Layers whose rows are windowed.
     pub fn sliding_layers(&self) -> usize {
-        self.window.map_or(0, |w| {
-            (0..self.n_layer as usize).filter(|&l| w.slides(l)).count()
-        })
+        Window::sliding_layers(self.window, self.n_layer as usize)
     }
 
     /// Bytes of the file header.
