@@ -152,6 +152,96 @@ fn the_broker_stopped_mid_answer_and_started_again_loses_nothing_and_doubles_not
     assert_eq!(v["counters"]["accepted"], all.len(), "{v}");
 }
 
+/// The last status the collector (subscribed to the device's topics) has seen.
+fn last_status(c: &Collector) -> Option<Value> {
+    let got = c.got.lock().unwrap();
+    got.iter()
+        .rev()
+        .find(|(t, _)| t.ends_with("/status"))
+        .map(|(_, v)| v.clone())
+}
+
+/// A broker restarted without persistence forgets the daemon's session, and gives packet ids
+/// out afresh. The answer to a request of the old session must not acknowledge its old id on
+/// the new connection: that id is now another request's, which the broker would then count as
+/// answered, and never deliver again if the daemon died before answering it.
+#[test]
+fn an_answer_from_a_session_the_broker_forgot_does_not_acknowledge_a_newer_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = Broker::start(dir.path(), false);
+    let state = dir.path().join("state");
+    // Every answer waits 2 s before it starts: s1 is still on the worker when the broker
+    // comes back, and s2 still waiting for its turn when s1's answer goes out.
+    let d = serve(
+        broker.port,
+        &state,
+        &[("EDGELLM_TEST_HOOK", "stall_ms=2000")],
+    );
+    let topic = format!("edgellm/{DEVICE}/request");
+    let watch = Collector::start(broker.port, &format!("edgellm/{DEVICE}/status"), None);
+    publish_lines(broker.port, &topic, &requests(&ids("s", 1), 4));
+    let until = Instant::now() + Duration::from_secs(30);
+    while last_status(&watch).is_none_or(|v| v["running"] != "s0") {
+        assert!(
+            Instant::now() < until,
+            "s0 never ran
+{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(watch);
+    broker.down();
+    broker.up();
+    // The daemon publishes its status again once it has subscribed on the new session.
+    let answers = Collector::start(broker.port, &format!("edgellm/{DEVICE}/#"), None);
+    while last_status(&answers).is_none() {
+        assert!(
+            Instant::now() < until,
+            "no status after the restart
+{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The new session's first delivery: the same packet id as s0's in the old one.
+    publish_lines(broker.port, &topic, &requests(&["s1".to_owned()], 4));
+    while !answers.finals().contains_key("s0") {
+        assert!(
+            Instant::now() < until,
+            "s0 not answered
+{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // s1 is stalled on the worker now, unanswered: the daemon dies.
+    let mut d = d;
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    let first_log = d.log_text();
+    assert!(
+        !answers.finals().contains_key("s1"),
+        "s1 was answered before the kill: the test did not set up what it means to
+{first_log}"
+    );
+    assert!(
+        first_log.contains("nothing to acknowledge"),
+        "s0's answer did not see that its session was gone:
+{first_log}"
+    );
+    // s1 was never acknowledged, so the broker delivers it again to the restarted daemon.
+    let second = serve(broker.port, &state, &[]);
+    let all = ["s0".to_owned(), "s1".to_owned()];
+    let finals = answers.wait_all(&all, Duration::from_secs(30), &|| {
+        format!(
+            "{first_log}\n--- after the restart ---\n{}",
+            second.log_text()
+        )
+    });
+    assert_once(&finals, &all, &second.log_text());
+}
+
 #[test]
 fn a_fleet_of_three_shares_sixty_requests_each_answered_once_by_one_of_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -118,6 +118,25 @@ impl InFlight {
     }
 }
 
+/// Which broker session a delivery came in. A packet id means something only within the
+/// session the broker gave it in: once the broker has forgotten that session (it restarted
+/// without persistence, or this is the fleet's clean session reconnecting), an answer that was
+/// still being computed must not acknowledge its old id on the new connection, where the
+/// broker may have reused it for another request already: that one would then count as
+/// answered, and be lost if the daemon died before answering it.
+#[derive(Default)]
+struct SessionCount(std::sync::atomic::AtomicU64);
+
+impl SessionCount {
+    fn now(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// A ConnAck without a session: the ids of every earlier delivery are void.
+    fn renew(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What the publisher task is asked to do.
 enum Out {
     /// An event of the request `ctx` answers.
@@ -139,6 +158,8 @@ struct Ctx {
     /// The delivery, for the journal.
     key: Key,
     ack: Option<Ack>,
+    /// The [`SessionCount`] the delivery came in: its `ack` is void in any other.
+    session: u64,
 }
 
 /// The service's sink for one request: events go to the publisher task. Called on the worker
@@ -194,12 +215,14 @@ pub async fn run(
     });
     let (tx, rx) = mpsc::channel::<Out>(256);
     let inflight = Arc::new(InFlight::default());
+    let sessions = Arc::new(SessionCount::default());
     let publisher = tokio::spawn(publish_answers(
         client.clone(),
         rx,
         Arc::clone(&shared.journal),
         s.qos,
         Arc::clone(&inflight),
+        Arc::clone(&sessions),
         s.test_kill_after_journal.clone(),
     ));
     // The status goes out once requests can arrive (a client that sees "online" may ask at
@@ -251,13 +274,14 @@ pub async fn run(
                 if session_present {
                     connected(&mut ready);
                 } else {
+                    sessions.renew();
                     subscribe(&client, &s.topics, s.role, s.qos);
                 }
             }
             // Our only SUBSCRIBE of a connection: every topic is in place.
             Ok(Incoming::SubAck) => connected(&mut ready),
             Ok(Incoming::Publish(p)) => {
-                on_publish(&s, &shared, &client, &tx, &inflight, *p);
+                on_publish(&s, &shared, &client, &tx, &inflight, sessions.now(), *p);
             }
             Ok(_) => {}
             Err(e) => {
@@ -349,6 +373,7 @@ fn on_publish(
     client: &Link,
     tx: &mpsc::Sender<Out>,
     inflight: &InFlight,
+    session: u64,
     p: Message,
 ) {
     let service = &shared.service;
@@ -442,6 +467,7 @@ fn on_publish(
             stream,
             key,
             ack: Some(p.ack.clone()),
+            session,
         })
     };
     match parsed {
@@ -498,6 +524,7 @@ async fn publish_answers(
     journal: SharedJournal,
     qos: QoS,
     inflight: Arc<InFlight>,
+    sessions: Arc<SessionCount>,
     kill_after_journal: Option<String>,
 ) {
     // Chunks so far of each streaming request: (id, next seq).
@@ -568,13 +595,18 @@ async fn publish_answers(
             return;
         }
         if last {
-            if let Some(ack) = &ctx.ack
-                && client.ack(ack).await.is_err()
-            {
-                tracing::warn!(
+            match &ctx.ack {
+                // The broker forgot the session this came in, and with it the delivery: it
+                // will not send it again, and its packet id may now be another request's.
+                Some(_) if ctx.session != sessions.now() => tracing::info!(
+                    request = ctx.id,
+                    "answered after the broker lost its session: nothing to acknowledge"
+                ),
+                Some(ack) if client.ack(ack).await.is_err() => tracing::warn!(
                     request = ctx.id,
                     "cannot acknowledge the request: the client has stopped"
-                );
+                ),
+                _ => {}
             }
             inflight.done(&ctx.key);
         }
@@ -618,6 +650,7 @@ mod tests {
             stream: false,
             key: [0; 32],
             ack: None,
+            session: 0,
         };
         Out::Reply(Arc::new(ctx), Vec::new())
     }
