@@ -226,20 +226,8 @@ fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
 
     // A 3.1.1 client: no response topic, so the answer goes to response/{id}.
     let v311 = port + 1;
-    let sub = std::process::Command::new("mosquitto_sub")
-        .args(["-V", "mqttv311", "-h", "127.0.0.1", "-p", &v311.to_string()])
-        .args([
-            "-t",
-            &format!("edgellm/{DEVICE}/response/old-1"),
-            "-C",
-            "1",
-            "-W",
-            "60",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let sub =
+        common::mqtt::subscribe_v311(v311, &format!("edgellm/{DEVICE}/response/old-1"), 1, 60);
     let st = std::process::Command::new("mosquitto_pub")
         .args([
             "-V",
@@ -260,9 +248,9 @@ fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
         .status()
         .unwrap();
     assert!(st.success());
-    let out = sub.wait_with_output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&out.stdout)));
+    let got = common::mqtt::collect(sub);
+    let (_, payload) = got.first().expect("an answer to the 3.1.1 client");
+    let v: Value = serde_json::from_str(payload).unwrap_or_else(|e| panic!("{e}: {payload:?}"));
     assert_eq!(
         (v["id"].as_str(), v["done"].as_bool()),
         (Some("old-1"), Some(true)),
@@ -302,7 +290,6 @@ fn ask_waits_for_the_device_to_come_online_before_it_asks() {
 
 #[test]
 fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
-    use std::io::BufRead;
     let broker = Mosquitto::start();
     let mut d = serve(broker.port, &[]);
     let mut sub = subscribe(
@@ -319,13 +306,12 @@ fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
     // SIGTERM as soon as the answer has begun (its first chunk): it must still finish (40
     // tokens take well under the 10 s the daemon allows, even on a loaded machine), be
     // published whole, and the daemon exit 0.
-    let mut lines = std::io::BufReader::new(sub.stdout.take().unwrap()).lines();
-    let first = lines.next().expect("a first chunk").unwrap();
+    let mut lines = sub.lines();
+    let first = lines.next().expect("a first chunk");
     assert!(first.contains(r#""done":false"#), "{first}");
     let status = d.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit {status:?}\n{}", d.log_text());
     let last = lines
-        .map_while(Result::ok)
         .find(|l| l.contains(r#""done":true"#))
         .expect("the final message");
     let v: Value = serde_json::from_str(last.split_once(' ').unwrap().1).unwrap();
@@ -335,8 +321,6 @@ fn sigterm_during_an_answer_lets_it_finish_and_publishes_it_before_exit_0() {
         "finished, not cut: {v}"
     );
     assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
-    let _ = sub.kill();
-    let _ = sub.wait();
 }
 
 #[test]
@@ -424,7 +408,6 @@ fn a_daemon_on_mqtt_3_1_1_answers_the_same_on_its_response_topic() {
     let answer = json_of(&ask(broker.port, &["-n", "12", "--json", q]));
     assert_eq!(answer["text"], run["text"], "{answer}");
     // A plain 3.1.1 client: request and answer by id, streamed chunks in order.
-    use std::io::BufRead;
     let mut sub = subscribe(
         broker.port,
         &format!("edgellm/{DEVICE}/response/v4"),
@@ -438,18 +421,14 @@ fn a_daemon_on_mqtt_3_1_1_answers_the_same_on_its_response_topic() {
     );
     // Up to the final message (mosquitto_sub would wait for 40 or its timeout).
     let mut got = Vec::new();
-    for line in std::io::BufReader::new(sub.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-    {
+    for line in sub.lines() {
         let (t, p) = line.split_once(' ').unwrap();
         got.push((t.to_owned(), p.to_owned()));
         if p.contains(r#""done":true"#) {
             break;
         }
     }
-    let _ = sub.kill();
-    let _ = sub.wait();
+    drop(sub);
     let last: Value = serde_json::from_str(&got.last().expect("an answer").1).unwrap();
     assert_eq!(last["done"], true, "{got:?}");
     assert_eq!(last["text"], run["text"]);

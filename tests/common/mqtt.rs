@@ -283,36 +283,99 @@ pub fn edgellm(args: &[&str]) -> Output {
         .expect("run edgellm")
 }
 
-/// `mosquitto_sub` collecting `count` messages on `topic` (or stopping after `secs`), started
-/// before the caller publishes: returns the child, to be read with [`collect`].
-pub fn subscribe(port: u16, topic: &str, count: usize, secs: u64) -> Child {
-    let child = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-t",
-            topic,
-            "-q",
-            "1",
-            "-v",
-        ])
-        .args(["-C", &count.to_string(), "-W", &secs.to_string()])
+/// A `mosquitto_sub` whose subscription is in place: the lines it prints (`topic payload`),
+/// one at a time as they come. Killed when dropped.
+pub struct Sub {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Sub {
+    /// The next line, waiting for it; `None` once `mosquitto_sub` has exited.
+    pub fn next_line(&mut self) -> Option<String> {
+        self.lines.recv().ok()
+    }
+
+    /// The lines still to come, up to `mosquitto_sub`'s exit.
+    pub fn lines(&mut self) -> impl Iterator<Item = String> + '_ {
+        std::iter::from_fn(|| self.next_line())
+    }
+}
+
+impl Drop for Sub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A topic of its own, with a retained message on it: a subscriber that also subscribes to it
+/// knows its subscription is in place once the message arrives (one SUBSCRIBE holds all of a
+/// `mosquitto_sub`'s topics). A fixed pause was not enough on a loaded machine.
+pub fn retained_probe(port: u16) -> String {
+    retained_probe_by(port, &[])
+}
+
+/// As [`retained_probe`], with `mosquitto_pub` options (`-V mqttv311`).
+fn retained_probe_by(port: u16, opts: &[&str]) -> String {
+    static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = format!("edgellm-test/probe/{}-{n}", std::process::id());
+    let published = Command::new("mosquitto_pub")
+        .args(opts)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", &probe])
+        .args(["-r", "-q", "1", "-m", "probe"])
+        .status()
+        .expect("mosquitto_pub (Debian package mosquitto-clients)");
+    assert!(published.success(), "the probe could not be published");
+    probe
+}
+
+/// `mosquitto_sub` collecting `count` messages on `topic` (or stopping after `secs`); returns
+/// once it has subscribed, so the caller may publish at once.
+pub fn subscribe(port: u16, topic: &str, count: usize, secs: u64) -> Sub {
+    subscribe_by(port, topic, count, secs, &[])
+}
+
+/// As [`subscribe`], as an MQTT 3.1.1 client.
+pub fn subscribe_v311(port: u16, topic: &str, count: usize, secs: u64) -> Sub {
+    subscribe_by(port, topic, count, secs, &["-V", "mqttv311"])
+}
+
+fn subscribe_by(port: u16, topic: &str, count: usize, secs: u64, opts: &[&str]) -> Sub {
+    let probe = retained_probe_by(port, opts);
+    let mut child = Command::new("mosquitto_sub")
+        .args(opts)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-t", topic, "-t", &probe, "-q", "1", "-v"])
+        // The probe is one of the messages it counts.
+        .args(["-C", &(count + 1).to_string(), "-W", &secs.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("mosquitto_sub (Debian package mosquitto-clients)");
-    // mosquitto_sub subscribes right after it connects; give it that moment.
-    std::thread::sleep(Duration::from_millis(300));
-    child
+    let out = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let (subscribed, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if line.split_once(' ').is_some_and(|(t, _)| t == probe) {
+                let _ = subscribed.send(());
+            } else if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    ready
+        .recv_timeout(Duration::from_secs(30))
+        .expect("mosquitto_sub did not subscribe within 30 s");
+    Sub { child, lines }
 }
 
-/// The `(topic, payload)` lines a [`subscribe`] child printed.
-pub fn collect(child: Child) -> Vec<(String, String)> {
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+/// The `(topic, payload)` lines a [`subscribe`] child printed, up to its exit.
+pub fn collect(mut sub: Sub) -> Vec<(String, String)> {
+    sub.lines()
         .filter_map(|l| l.split_once(' ').map(|(t, p)| (t.to_owned(), p.to_owned())))
         .collect()
 }

@@ -92,16 +92,7 @@ pub struct Collector {
 impl Collector {
     /// Returns once the subscription is in place: the broker has sent it a retained probe.
     pub fn start(port: u16, topic: &str, persistent_id: Option<&str>) -> Collector {
-        // Its own probe topic, so that collectors on one broker do not see each other's.
-        static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let probe = format!("edgellm-test/probe/{}-{n}", std::process::id());
-        let published = Command::new("mosquitto_pub")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", &probe])
-            .args(["-r", "-q", "1", "-m", "probe"])
-            .status()
-            .expect("mosquitto_pub");
-        assert!(published.success(), "the probe could not be published");
+        let probe = super::mqtt::retained_probe(port);
         let mut cmd = Command::new("mosquitto_sub");
         cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-t", topic])
             .args(["-t", &probe, "-q", "1", "-v"]);
