@@ -24,7 +24,10 @@ pub(crate) fn scales_mins(scales: &[u8; K_SCALE_SIZE]) -> ([i32; 16], [i32; 16])
 /// -32 offset) `sumi -= m`, exact; then `acc = fma(d · d_a, f32(sumi), acc)`. The result of a
 /// row is `acc - mins` after its last block.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // one block's scalars and the two running sums
+#[allow(clippy::too_many_arguments)]
+// one block's scalars and the two running sums
+// NEON's: the x86 and portable paths compute the offset in vector lanes (`finish_block_off`).
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) fn finish_block(
     sumi: i32,
     d: f32,

@@ -11,10 +11,13 @@
 //! and `acc - mins` at the end. The walk's tolerance covers the reference's other order.
 //!
 //! No level times activation pair overflows `maddubs`' i16: 63 · 127 · 2 < 2^15.
+//!
+//! The `avx512vnni` table runs the same code with each `madd` + `add` of a product with its
+//! scales fused into one `vpdpwssd` ([`Vnni`]): the same exact i32 sums, so the same bits.
 
-use super::simd::{f16_to_f32, hsum_epi32, load_i8x32};
+use super::simd::{f16_to_f32, load_i8x32};
 use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
-use crate::kseq::{finish_block, scales_mins};
+use crate::kseq::{finish_block_off, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use std::arch::x86_64::*;
 
@@ -31,14 +34,67 @@ struct Unpacked {
     d: f32,
     /// `Σ bsum_mul[i] · bsums[i]` is subtracted: times `dmin` apart from the block's sum
     /// (Q4_K, Q5_K: the mins, as the reference); with `dmin = None` from the integer sum itself
-    /// (Q6_K: `32 · scale`, its levels' offset, so the block's sum stays exact).
-    bsum_mul: [i32; 16],
+    /// (Q6_K: `32 · scale`, its levels' offset, so the block's sum stays exact). As 16 i16
+    /// lanes (mins < 64; `32 · scale` within ±4096), for one `madd` against the `bsums`.
+    bsum_mul: __m256i,
     dmin: Option<f32>,
 }
 
 trait KFormat {
     type W;
     fn unpack(w: &Self::W) -> Unpacked;
+}
+
+/// `acc + madd(p, scale)`: how a path adds a product's scaled pairs into its i32 sum.
+trait Madd {
+    /// # Safety
+    /// The features of the enclosing `target_feature` body, and the table's own (see impls).
+    unsafe fn madd_add(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i;
+}
+
+/// AVX2: `madd` then `add`.
+struct Avx2;
+impl Madd for Avx2 {
+    #[inline(always)]
+    unsafe fn madd_add(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
+        // SAFETY: avx2, as every body of this file has.
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale)) }
+    }
+}
+
+/// AVX-512 VNNI: one `vpdpwssd` ([`dpwssd`]).
+struct Vnni;
+impl Madd for Vnni {
+    #[inline(always)]
+    unsafe fn madd_add(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
+        // SAFETY: passed on from the caller.
+        unsafe { dpwssd(acc, p, scale) }
+    }
+}
+
+/// `acc + madd(p, s)`: the signed i16 pairs' products summed into each i32 lane, by
+/// `vpdpwssd`, exactly `madd` + `add` (no saturation: `|p| < 2^15`, `s < 2^6`).
+/// `asm!` for the reason `dot::dpbusd` gives (AVX-512 intrinsics need Rust 1.89).
+///
+/// # Safety
+/// The CPU must have avx512vnni and avx512vl: reached only through the `avx512vnni` table,
+/// which `dispatch` hands out after detecting both.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dpwssd(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: as the function's; the instruction reads and writes registers only (no memory,
+    // stack or flags).
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {p}, {s}",
+            acc = inout(ymm_reg) acc,
+            p = in(ymm_reg) p,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    acc
 }
 
 /// Two i16 scales for the two 16-value halves of a 32-value register.
@@ -56,15 +112,23 @@ fn load_u8x32(x: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
 }
 
+/// 16 i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load_i16x16(x: &[i16; 16]) -> __m256i {
+    // SAFETY: the reference covers 32 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
+}
+
 /// Q4_K and Q5_K scales (as i16 lanes) and mins, per 16 values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k_scales(scales: &[u8; 12]) -> ([__m256i; 8], [i32; 16]) {
+fn k_scales(scales: &[u8; 12]) -> ([__m256i; 8], __m256i) {
     let (sc, mins) = scales_mins(scales);
-    // One scale per 32-value register: both its halves have sub-block j's.
+    // One scale per 32-value register: both its halves have sub-block j's. Mins are 6 bits.
     (
         std::array::from_fn(|j| _mm256_set1_epi16(sc[2 * j] as i16)),
-        mins,
+        load_i16x16(&mins.map(|m| m as i16)),
     )
 }
 
@@ -146,7 +210,7 @@ fn unpack_q6k(w: &BlockQ6K) -> Unpacked {
     let m2 = _mm256_set1_epi8(0x03);
     let mut q = [_mm256_setzero_si256(); 8];
     let mut scale = [_mm256_setzero_si256(); 8];
-    let mut bsum_mul = [0i32; 16];
+    let mut bsum_mul = [0i16; 16];
     for n in 0..2 {
         let ql0 = load_u8x32(&w.ql[64 * n..]);
         let ql1 = load_u8x32(&w.ql[64 * n + 32..]);
@@ -173,45 +237,70 @@ fn unpack_q6k(w: &BlockQ6K) -> Unpacked {
             // Values l + 32k, l in 0..16 and 16..32: scales 8n + 2k and 8n + 2k + 1.
             let (a, b) = (w.scales[8 * n + 2 * k], w.scales[8 * n + 2 * k + 1]);
             scale[4 * n + k] = scale_pair(a as i16, b as i16);
-            bsum_mul[8 * n + 2 * k] = 32 * a as i32;
-            bsum_mul[8 * n + 2 * k + 1] = 32 * b as i32;
+            bsum_mul[8 * n + 2 * k] = 32 * a as i16;
+            bsum_mul[8 * n + 2 * k + 1] = 32 * b as i16;
         }
     }
     Unpacked {
         q,
         scale,
         d: f16_to_f32(w.d),
-        bsum_mul,
+        bsum_mul: load_i16x16(&bsum_mul),
         dmin: None,
     }
 }
 
-/// One block's contribution for one token: `acc = fma(d · d_a, f32(sumi), acc)`, and the mins'
-/// `mins = fma(dmin · d_a, f32(Σ bsum_mul · bsums), mins)`, or that sum taken from `sumi`
-/// when there is no `dmin` (exact).
+/// The sums of the 8 i32 lanes of `v` and of `o`, reduced together.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut f32) {
+fn hsum2_epi32(v: __m256i, o: __m256i) -> (i32, i32) {
+    // [v01 v23 o01 o23 | v45 v67 o45 o67], then the halves added, then the pairs.
+    let h = _mm256_hadd_epi32(v, o);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
+}
+
+/// One block's contribution for one token: `acc = fma(d · d_a, f32(sumi), acc)`, and the mins'
+/// `mins = fma(dmin · d_a, f32(Σ bsum_mul · bsums), mins)`, or that sum taken from `sumi`
+/// when there is no `dmin` (exact). Both integer sums in vector lanes, reduced together.
+///
+/// # Safety
+/// As [`Madd::madd_add`] for `S`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block<S: Madd>(u: &Unpacked, a: &BlockQ8K, acc: &mut f32, mins: &mut f32) {
     let mut v = _mm256_setzero_si256();
     for j in 0..8 {
         let y = load_i8x32(a.qs[32 * j..32 * j + 32].try_into().expect("32 values"));
         let p = _mm256_maddubs_epi16(u.q[j], y);
-        v = _mm256_add_epi32(v, _mm256_madd_epi16(p, u.scale[j]));
+        // SAFETY: passed on from the caller.
+        v = unsafe { S::madd_add(v, p, u.scale[j]) };
     }
-    finish_block(hsum_epi32(v), u.d, u.dmin, &u.bsum_mul, a, acc, mins);
+    let o = _mm256_madd_epi16(load_i16x16(&a.bsums), u.bsum_mul);
+    let (sumi, off) = hsum2_epi32(v, o);
+    finish_block_off(sumi, off, u.d, u.dmin, a.d, acc, mins);
 }
 
 /// `out[t] = dot(row, a[t])` for `T` tokens of `nb` blocks each (`a`: `T · nb` blocks).
+///
+/// # Safety
+/// As [`Madd::madd_add`] for `S`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_tokens<F: KFormat, const T: usize>(row: &[F::W], a: &[BlockQ8K], out: &mut [f32]) {
+unsafe fn row_tokens<F: KFormat, S: Madd, const T: usize>(
+    row: &[F::W],
+    a: &[BlockQ8K],
+    out: &mut [f32],
+) {
     let nb = row.len();
     let mut acc = [0.0f32; T];
     let mut mins = [0.0f32; T];
     for (b, w) in row.iter().enumerate() {
         let u = F::unpack(w);
         for t in 0..T {
-            block(&u, &a[t * nb + b], &mut acc[t], &mut mins[t]);
+            // SAFETY: passed on from the caller.
+            unsafe { block::<S>(&u, &a[t * nb + b], &mut acc[t], &mut mins[t]) };
         }
     }
     for t in 0..T {
@@ -220,23 +309,35 @@ fn row_tokens<F: KFormat, const T: usize>(row: &[F::W], a: &[BlockQ8K], out: &mu
 }
 
 /// `out[r · n_tok + t] = dot(w[r], a[t])`: rows one at a time, `MM_TOKS` tokens per unpacking.
+///
+/// # Safety
+/// As [`Madd::madd_add`] for `S`.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn product<F: KFormat>(w: &[F::W], a: &[BlockQ8K], nb: usize, n_tok: usize, out: &mut [f32]) {
+unsafe fn product<F: KFormat, S: Madd>(
+    w: &[F::W],
+    a: &[BlockQ8K],
+    nb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+) {
     for (row, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(n_tok)) {
         let mut t = 0;
+        // SAFETY (both calls): passed on from the caller.
         while t + MM_TOKS <= n_tok {
-            row_tokens::<F, MM_TOKS>(row, &a[t * nb..(t + MM_TOKS) * nb], &mut o[t..]);
+            let a = &a[t * nb..(t + MM_TOKS) * nb];
+            unsafe { row_tokens::<F, S, MM_TOKS>(row, a, &mut o[t..]) };
             t += MM_TOKS;
         }
         while t < n_tok {
-            row_tokens::<F, 1>(row, &a[t * nb..(t + 1) * nb], &mut o[t..]);
+            let a = &a[t * nb..(t + 1) * nb];
+            unsafe { row_tokens::<F, S, 1>(row, a, &mut o[t..]) };
             t += 1;
         }
     }
 }
 
 macro_rules! k_kernels {
-    ($fmt:ty, $w:ty, $dot:ident, $mv:ident, $mm:ident) => {
+    ($madd:ty, $fmt:ty, $w:ty, $dot:ident, $mv:ident, $mm:ident) => {
         #[doc = concat!("`vec_dot` of ", stringify!($w), " × Q8_K.")]
         pub(crate) fn $dot(x: &[$w], y: &[BlockQ8K]) -> f32 {
             assert_eq!(
@@ -249,8 +350,10 @@ macro_rules! k_kernels {
             }
             let mut out = [0.0f32];
             // SAFETY: only reachable through the AVX2 tables, which `dispatch` hands out after
-            // `is_x86_feature_detected!` confirmed avx2, fma and f16c; lengths checked above.
-            unsafe { product::<$fmt>(x, y, x.len(), 1, &mut out) };
+            // `is_x86_feature_detected!` confirmed avx2, fma and f16c (and, for the `Vnni`
+            // kernels, only through the `avx512vnni` table: avx512vnni and avx512vl too);
+            // lengths checked above.
+            unsafe { product::<$fmt, $madd>(x, y, x.len(), 1, &mut out) };
             out[0]
         }
 
@@ -262,7 +365,7 @@ macro_rules! k_kernels {
                 return;
             }
             // SAFETY: as above; `check_matvec` guarantees `w.len() == out.len() * nb`.
-            unsafe { product::<$fmt>(w, a, nb, 1, out) };
+            unsafe { product::<$fmt, $madd>(w, a, nb, 1, out) };
         }
 
         #[doc = concat!("Matrix-matrix product of ", stringify!($w), " × Q8_K.")]
@@ -273,12 +376,13 @@ macro_rules! k_kernels {
                 return;
             }
             // SAFETY: as above; `check_matmul` guarantees the shapes.
-            unsafe { product::<$fmt>(w, a, nb, n_tok, out) };
+            unsafe { product::<$fmt, $madd>(w, a, nb, n_tok, out) };
         }
     };
 }
 
 k_kernels!(
+    Avx2,
     Q4K,
     BlockQ4K,
     vec_dot_q4_k_q8_k,
@@ -286,6 +390,7 @@ k_kernels!(
     matmul_q4_k_q8_k
 );
 k_kernels!(
+    Avx2,
     Q5K,
     BlockQ5K,
     vec_dot_q5_k_q8_k,
@@ -293,11 +398,41 @@ k_kernels!(
     matmul_q5_k_q8_k
 );
 k_kernels!(
+    Avx2,
     Q6K,
     BlockQ6K,
     vec_dot_q6_k_q8_k,
     matvec_q6_k_q8_k,
     matmul_q6_k_q8_k
 );
+
+/// The `avx512vnni` table's K-quant products: the AVX2 code with `vpdpwssd`.
+pub(super) mod vnni {
+    use super::*;
+    k_kernels!(
+        Vnni,
+        Q4K,
+        BlockQ4K,
+        vec_dot_q4_k_q8_k,
+        matvec_q4_k_q8_k,
+        matmul_q4_k_q8_k
+    );
+    k_kernels!(
+        Vnni,
+        Q5K,
+        BlockQ5K,
+        vec_dot_q5_k_q8_k,
+        matvec_q5_k_q8_k,
+        matmul_q5_k_q8_k
+    );
+    k_kernels!(
+        Vnni,
+        Q6K,
+        BlockQ6K,
+        vec_dot_q6_k_q8_k,
+        matvec_q6_k_q8_k,
+        matmul_q6_k_q8_k
+    );
+}
 
 const _: () = assert!(QK_K == 256);

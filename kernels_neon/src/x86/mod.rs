@@ -115,6 +115,15 @@ pub(crate) const AVX512VNNI: Kernels = Kernels {
     more: MoreFormats {
         matmul_q5_0_q8_0: matmul::vnni::matmul_q5_0_q8_0,
         matmul_q5_1_q8_1: matmul::vnni::matmul_q5_1_q8_1,
+        vec_dot_q4_k_q8_k: kquant::vnni::vec_dot_q4_k_q8_k,
+        vec_dot_q5_k_q8_k: kquant::vnni::vec_dot_q5_k_q8_k,
+        vec_dot_q6_k_q8_k: kquant::vnni::vec_dot_q6_k_q8_k,
+        matvec_q4_k_q8_k: kquant::vnni::matvec_q4_k_q8_k,
+        matvec_q5_k_q8_k: kquant::vnni::matvec_q5_k_q8_k,
+        matvec_q6_k_q8_k: kquant::vnni::matvec_q6_k_q8_k,
+        matmul_q4_k_q8_k: kquant::vnni::matmul_q4_k_q8_k,
+        matmul_q5_k_q8_k: kquant::vnni::matmul_q5_k_q8_k,
+        matmul_q6_k_q8_k: kquant::vnni::matmul_q6_k_q8_k,
         ..AVX2.more
     },
     ..AVX2
