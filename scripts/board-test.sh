@@ -10,9 +10,11 @@
 #     qemu with SIGKILL is a power cut.
 # scripts/board/check.py then checks, from the host: the unit reaches active through READY=1,
 # a prompt over the UART (line mode) and one over MQTT are answered, a SIGSTOPped daemon is
-# restarted by the watchdog, a session survives a reboot, and N power cuts (default 20) while
-# sessions are being saved: after each boot every session file passes `edgellm kv verify` or
-# was moved aside, and no acknowledged answer is lost. Each stage prints its time.
+# restarted by the watchdog, a truncated model fails with exit 78 and is not restarted, a crash
+# loop is stopped by the unit's start limit, a session survives a reboot, and N power cuts
+# (default 20) while sessions are being saved: after each boot every session file passes
+# `edgellm kv verify` or was moved aside, and no acknowledged answer is lost. Each stage
+# prints its time.
 #
 # The root filesystem (mmdebstrap, ~17 min cold: the packages' configuration runs emulated)
 # is cached in ${EDGELLM_CACHE:-~/.cache/edgellm}/board, outside the repo, keyed by its

@@ -150,7 +150,7 @@ step "Yocto layer: oelint-adv wrynose, kas schema, crates file, the recipe's aar
 scripts/check-yocto.sh
 step "Debian packages (amd64, arm64): contents, systemd-analyze verify and security"
 scripts/check-package.sh
-step "emulated board (qemu-system-aarch64 cortex-a72): boot, UART, MQTT, watchdog, reboot, ${EDGELLM_POWER_CUTS:-20} power cuts"
+step "emulated board (qemu-system-aarch64 cortex-a72): boot, UART, MQTT, watchdog, exit 78, start limit, reboot, ${EDGELLM_POWER_CUTS:-20} power cuts"
 rootfs_ok=0
 wait "$rootfs_pid" || rootfs_ok=$?
 cat "$rootfs_log"

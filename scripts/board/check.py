@@ -14,6 +14,8 @@ Checks, in order (each prints its time; any failure exits 1 with the reason):
   1. boot: edgellm.service reaches active (running) through READY=1 (Type=notify)
   2. a prompt over the UART in line mode, and one over MQTT, are answered
   3. `systemctl kill -s SIGSTOP edgellm`: the watchdog restarts it
+  3b. a truncated model: exit 78, not restarted, the error retained on the broker
+  3c. a main process that crashes at once: 5 starts, the 6th refused by the start limit
   4. a conversation survives a reboot: the same turn again restores its prompt from flash
   5. N power cuts while sessions are being saved; after each boot every session file passes
      `edgellm kv verify` or was moved aside, and no acknowledged answer is lost (the file holds
@@ -482,6 +484,35 @@ def run(board, mqtt, cuts, rng):
     check(status.get("state") == "error" and "edgellm-truncated.gguf" in err and "end of file" in err,
           f"a truncated model: the broker's retained status is {status}")
     say(f"3b. truncated model: exit 78, not restarted ({looks[-1]}); retained status error: {status['error'][:120]!r}")
+
+    # 3c. A crash loop is stopped by the unit's start limit (StartLimitBurst=5 in 10 min): the
+    # 6th start is refused. The main process crashes at once (SIGSEGV, a drop-in's ExecStart),
+    # so the loop runs at the unit's own pace (RestartSec=5s), not the emulated model load's;
+    # what is tested is the unit's Restart= and StartLimit* lines on the board's systemd.
+    # systemd keeps the last run's result (`signal`) when the limit refuses a restart, and says
+    # so in the journal: "Start request repeated too quickly".
+    t = time.monotonic()
+    _, before = board.console.sh(
+        # systemd reads `$$` as one `$`: the shell sees `$$`, its own pid.
+        f"printf '[Service]\\nExecStart=\\nExecStart=/bin/sh -c \"kill -SEGV $$$$\"\\n' > {dropin} && "
+        "systemctl daemon-reload && systemctl reset-failed edgellm && "
+        f"journalctl -u edgellm -b --no-pager -o cat | grep -c 'Main process exited' || true", timeout=60)
+    board.console.sh("systemctl start edgellm; true", timeout=60)
+    _, out = board.console.sh(
+        "for i in $(seq 120); do journalctl -u edgellm -b --no-pager -o cat | "
+        "grep -q 'Start request repeated too quickly' && break; sleep 1; done; sleep 8; "
+        "systemctl show -p ActiveState -p SubState -p Result -p NRestarts edgellm; "
+        "echo exits=$(journalctl -u edgellm -b --no-pager -o cat | grep -c 'Main process exited'); "
+        "echo refused=$(journalctl -u edgellm -b --no-pager -o cat | grep -c 'Start request repeated too quickly')",
+        timeout=240)
+    props = dict(l.split("=", 1) for l in out.split() if "=" in l)
+    exits0 = int(before.split()[-1]) if before.split() and before.split()[-1].isdigit() else -1
+    crashes = int(props.get("exits", -1)) - exits0
+    check(props.get("ActiveState") == "failed" and props.get("refused") == "1"
+          and props.get("NRestarts") == "5" and crashes == 5,
+          f"the start limit did not stop the crash loop at its 6th start ({crashes} crashes): {out}")
+    say(f"3c. crash loop: 5 starts crashed (SIGSEGV), the 6th refused by the start limit, left failed "
+        f"8 s later ({props}) in {time.monotonic() - t:.0f}s")
 
     # Back to the real model.
     board.console.sh(f"rm {dropin} /run/edgellm-truncated.gguf && systemctl daemon-reload && "
