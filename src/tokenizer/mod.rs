@@ -29,7 +29,7 @@
 mod bpe;
 mod chat;
 // The calendar of templates' `strftime_now`, also the audit trail's timestamps.
-pub(crate) use chat::civil_from_days;
+pub(crate) use strftime::civil_from_days;
 mod detok;
 mod encode;
 mod gguf;
@@ -39,6 +39,7 @@ mod queue;
 mod regex_stages;
 mod spm;
 mod stream;
+mod strftime;
 mod templates;
 mod unicode;
 mod vocab;
