@@ -100,3 +100,24 @@ pub fn quant<B: BlockFormat>(x: &[f32]) -> Vec<B> {
     B::quantize_row_ref(x, &mut y);
     y
 }
+
+/// The walks' tolerances (see `dispatch_walk.rs`): a few ulps per accumulated block for dot
+/// and matrix products in another f32 order, and a relative bound for the f32 operations.
+pub const DOT_REL: f32 = 4.0 * f32::EPSILON;
+pub const OPS_REL: f32 = 2e-6;
+/// Block counts of the product cases: one, a few, odd, past the kernels' tiles, and long.
+pub const BLOCK_COUNTS: [usize; 8] = [1, 2, 3, 7, 18, 33, 48, 1536];
+/// Lengths of the f32 operations' cases: around every SIMD width, and odd long ones.
+pub const LENS: [usize; 12] = [1, 2, 3, 4, 7, 8, 15, 16, 17, 64, 576, 1539];
+
+pub fn dequant<B: BlockFormat>(x: &[B]) -> Vec<f32> {
+    let mut y = vec![0.0; x.len() * B::BLOCK_LEN];
+    B::dequantize_row(x, &mut y);
+    y
+}
+
+/// Blocks of `W` for a case written in blocks of 32: as many values, rounded up, for the
+/// superblocks of 256 (the K-quants' quantizers are slow enough to make the walk minutes).
+pub fn blocks_of<W: BlockFormat>(nb32: usize) -> usize {
+    (nb32 * 32).div_ceil(W::BLOCK_LEN)
+}
