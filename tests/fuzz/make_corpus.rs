@@ -8,8 +8,8 @@
 //! EDGELLM_WRITE_CORPUS=1 cargo test --test fuzz_regressions corpus
 //! ```
 //!
-//! Serial and Modbus seeds are scripts in the harness's step encoding (`harness::step`,
-//! `harness::modbus`): an op byte, then its arguments.
+//! Serial and Modbus seeds are scripts in the harness's step encoding (`step` and `modbus` in
+//! `harness/interfaces.rs`): an op byte, then its arguments.
 
 use edgellm::gguf::{Array, GgmlType, Gguf, GgufWriter};
 use edgellm::kv::{Geometry, KvCache, KvType, SnapshotFile, Window, snapshot};
