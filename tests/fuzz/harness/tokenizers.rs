@@ -80,11 +80,101 @@ fn spm_vocab() -> Vocab {
     }
 }
 
-/// The tokenizers, built once: (tokenizer, whether decoding gives back the text exactly).
+/// A Gemma 4 vocabulary (`gemma4` model): BPE over raw UTF-8 with `▁` for spaces, `<0xNN>`
+/// byte tokens for what no token covers, and merges written in those characters. The file
+/// names its special tokens (Gemma 4 has no defaults); `<|tool_response>` is there so that
+/// loading takes the branch that turns `</s>` next to it into a plain token.
+fn gemma4_vocab() -> Vocab {
+    let specials = [
+        ("<pad>", TokenType::Control),
+        ("<eos>", TokenType::Control),
+        ("<bos>", TokenType::Control),
+        ("<unk>", TokenType::Unknown),
+        ("<start_of_turn>", TokenType::Control),
+        ("<end_of_turn>", TokenType::Control),
+        ("<|tool_response>", TokenType::Control),
+        ("</s>", TokenType::Control),
+    ];
+    let mut tokens: Vec<String> = specials.iter().map(|(t, _)| t.to_string()).collect();
+    let mut types: Vec<i32> = specials.iter().map(|&(_, k)| k as i32).collect();
+    tokens.extend((0..=255).map(|b| format!("<0x{b:02X}>")));
+    types.resize(tokens.len(), TokenType::Byte as i32);
+    // Characters (`é` two bytes; `▁`, `你` and `好` three), then what the merges make.
+    let chars = [
+        "▁", "\n", "H", "t", "h", "e", "l", "o", "w", "r", "d", "a", "1", "é", "你", "好",
+    ];
+    let merges = [
+        "▁ t", "h e", "▁t he", "l l", "e ll", "▁ w", "o r", "\n \n", "你 好", "▁ ▁", "▁ é",
+    ];
+    tokens.extend(chars.map(String::from));
+    tokens.extend(merges.map(|m| m.replacen(' ', "", 1)));
+    types.resize(tokens.len(), TokenType::Normal as i32);
+    tokens.push("<tool>".into());
+    types.push(TokenType::UserDefined as i32);
+    Vocab {
+        kind: VocabKind::Gemma4,
+        tokens,
+        types,
+        merges: merges.map(String::from).into(),
+        bos: Some(2),
+        eos: Some(1),
+        unk: Some(3),
+        ..Vocab::default()
+    }
+}
+
+/// A WordPiece vocabulary (`bert` model): BERT's five special tokens, every lower-case ASCII
+/// letter and digit both as a word start (`▁x`) and a continuation (`x`), so that most ASCII
+/// words have a cover and the rest are `[UNK]`, a few whole words and punctuation, and two CJK
+/// ideographs (each a word of its own). `cased` keeps case and accents, as a cased BERT does,
+/// and adds the capitals.
+fn wpm_vocab(cased: bool) -> Vocab {
+    let specials = [
+        ("[PAD]", TokenType::Control),
+        ("[UNK]", TokenType::Unknown),
+        ("[CLS]", TokenType::Control),
+        ("[SEP]", TokenType::Control),
+        ("[MASK]", TokenType::Control),
+    ];
+    let mut tokens: Vec<String> = specials.iter().map(|(t, _)| t.to_string()).collect();
+    let mut types: Vec<i32> = specials.iter().map(|&(_, k)| k as i32).collect();
+    let mut alphabet: Vec<char> = ('a'..='z').chain('0'..='9').collect();
+    if cased {
+        alphabet.extend('A'..='Z');
+    }
+    for c in alphabet {
+        tokens.push(format!("▁{c}"));
+        tokens.push(c.to_string());
+    }
+    for w in [
+        "▁hello", "▁the", "▁wor", "ld", "ing", "▁,", "▁.", "▁!", "▁$", "▁中", "▁文", "▁é", "é",
+    ] {
+        tokens.push(w.into());
+    }
+    types.resize(tokens.len(), TokenType::Normal as i32);
+    Vocab {
+        kind: VocabKind::Wpm,
+        tokens,
+        types,
+        // BERT's default ids (101, 100, 102, 0) are past this small vocabulary: name them.
+        bos: Some(2),
+        unk: Some(1),
+        sep: Some(3),
+        pad: Some(0),
+        lowercase: Some(!cased),
+        strip_accents: Some(!cased),
+        ..Vocab::default()
+    }
+}
+
+/// The tokenizers, built once: (tokenizer, whether decoding gives back the text exactly). The
+/// target picks one by the low four bits of its first byte, wrapping past the end; new kinds
+/// go at the end, so that an index keeps naming the same tokenizer (`chat_template` uses 0).
 fn tokenizers() -> &'static [(Tokenizer, bool)] {
     static T: OnceLock<Vec<(Tokenizer, bool)>> = OnceLock::new();
     T.get_or_init(|| {
-        // `smollm` and `qwen2` do not clean up spaces in decoding, `default` and `llama3` do.
+        // Byte-level BPE round-trips exactly unless its pre-tokenizer's model cleans up
+        // spaces in decoding (`default`, `llama3`, `gpt-2`, `falcon` do; the others do not).
         let bpe = [
             ("smollm", true),
             ("qwen2", true),
@@ -96,6 +186,22 @@ fn tokenizers() -> &'static [(Tokenizer, bool)] {
             .map(|&(p, exact)| (Tokenizer::new(bpe_vocab(p)).expect(p), exact))
             .collect();
         v.push((Tokenizer::new(spm_vocab()).expect("spm"), false));
+        let more_bpe = [
+            ("gpt-2", false),
+            ("qwen35", true),
+            ("falcon", false),
+            ("deepseek-llm", true),
+            ("deepseek-coder", true),
+        ];
+        v.extend(
+            more_bpe
+                .iter()
+                .map(|&(p, exact)| (Tokenizer::new(bpe_vocab(p)).expect(p), exact)),
+        );
+        // Gemma 4 cleans up spaces; WordPiece normalizes and loses the spaces between words.
+        v.push((Tokenizer::new(gemma4_vocab()).expect("gemma4"), false));
+        v.push((Tokenizer::new(wpm_vocab(false)).expect("bert"), false));
+        v.push((Tokenizer::new(wpm_vocab(true)).expect("bert, cased"), false));
         v
     })
 }
@@ -104,10 +210,14 @@ fn is_control(tok: &Tokenizer, id: u32) -> bool {
     tok.token_type(id) == Some(TokenType::Control)
 }
 
+/// The first byte picks the tokenizer (low four bits) and the flags (high four: `0x10`
+/// add_special and `0x20` parse_special for `encode_bytes`, `0x40` remove_special and `0x80`
+/// unparse_special for `detokenize`); the rest is the text. Kind and flags have bits of their
+/// own, so every pairing of the two is reachable.
 pub fn tokenizer(data: &[u8]) {
     let mut input = Input::new(data);
     let sel = input.u8();
-    let (tok, exact) = &tokenizers()[sel as usize % tokenizers().len()];
+    let (tok, exact) = &tokenizers()[(sel & 0xF) as usize % tokenizers().len()];
     let bytes = input.rest();
     let n = tok.n_vocab();
     let text = String::from_utf8_lossy(bytes);
@@ -120,8 +230,12 @@ pub fn tokenizer(data: &[u8]) {
     if *exact {
         assert_eq!(String::from_utf8_lossy(&tok.decode(&ids)), text, "{ids:?}");
     }
-    let raw = tok.encode_bytes(bytes, sel & 0x10 != 0, sel & 0x20 != 0);
+    let add_special = sel & 0x10 != 0;
+    let raw = tok.encode_bytes(bytes, add_special, sel & 0x20 != 0);
     assert!(raw.iter().all(|&i| (i as usize) < n), "{raw:?}");
+    if add_special && tok.add_bos() {
+        assert_eq!(raw.first(), tok.bos().as_ref(), "BOS first: {raw:?}");
+    }
     // Protected as a whole, even control-token text stays text.
     let whole = tok.encode_protected(&text, false, std::slice::from_ref(&(0..text.len())));
     assert!(!whole.iter().any(|&i| is_control(tok, i)), "{whole:?}");
@@ -131,7 +245,7 @@ pub fn tokenizer(data: &[u8]) {
         .chunks(2)
         .map(|c| u32::from(c[0]) + 256 * u32::from(c.len() % 2 == 0 && c[1] & 1 == 1))
         .collect();
-    let _ = tok.detokenize(&any, sel & 1 != 0, sel & 2 != 0);
+    let _ = tok.detokenize(&any, sel & 0x40 != 0, sel & 0x80 != 0);
     let mut stream = StreamDecoder::new();
     let (mut out, mut all) = (String::new(), Vec::new());
     for &id in &any {
