@@ -8,8 +8,8 @@
 //! EDGELLM_WRITE_CORPUS=1 cargo test --test fuzz_regressions corpus
 //! ```
 //!
-//! Serial and Modbus seeds are scripts in the harness's step encoding (`harness::step`,
-//! `harness::modbus`): an op byte, then its arguments.
+//! Serial and Modbus seeds are scripts in the harness's step encoding (`step` and `modbus` in
+//! `harness/interfaces.rs`): an op byte, then its arguments.
 
 use edgellm::gguf::{Array, GgmlType, Gguf, GgufWriter};
 use edgellm::kv::{Geometry, KvCache, KvType, SnapshotFile, Window, snapshot};
@@ -119,18 +119,45 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     for (name, bytes) in chats {
         add("chat_template", name, bytes);
     }
-    let texts: [(&str, &[u8]); 5] = [
-        ("ascii", b"\x00Hello world, the 2 in 1000 ran."),
-        ("chatml", b"\x21<|im_start|>user\nhi<|im_end|>\n<tool>"),
-        ("unicode", "\x01你好 wörld — ça\t\n\n 123".as_bytes()),
+    // Texts (`harness::tokenizer`): a selector (low four bits: the tokenizer, in the order of
+    // `tokenizers()`; high four: flags), then the text.
+    let texts: [(&str, u8, &[u8]); 13] = [
+        ("ascii", 0x00, b"Hello world, the 2 in 1000 ran."),
+        ("chatml", 0x63, b"<|im_start|>user\nhi<|im_end|>\n<tool>"),
+        ("unicode", 0x41, "你好 wörld — ça\t\n\n 123".as_bytes()),
         (
             "invalid_utf8",
-            b"\x02\xff\xfe\xc3\x28 a\xe2\x82 \xf0\x9f\x98",
+            0x82,
+            b"\xff\xfe\xc3\x28 a\xe2\x82 \xf0\x9f\x98",
         ),
-        ("spm", b"\x04Hello world \xc3\xa9"),
+        ("spm", 0x04, b"Hello world \xc3\xa9"),
+        ("gpt2", 0x05, b"Hello  world's 12345 don't\n\t ok   "),
+        (
+            "qwen35",
+            0x36,
+            "你好，世界 123 ΑΒΓ ﬁ abc\r\n\r\n".as_bytes(),
+        ),
+        ("falcon", 0x47, b"Hello, world! 1234567 --x ``y''"),
+        (
+            "deepseek_llm",
+            0x58,
+            "Привет мир 12.5% … 中文！\n\n  x".as_bytes(),
+        ),
+        ("deepseek_coder", 0x09, b"fn main() {\n    let x = 42;\n}\n"),
+        (
+            "gemma4",
+            0x3a,
+            "Hello the world\n\n\nhé 你好  <start_of_turn>user<tool>".as_bytes(),
+        ),
+        (
+            "bert",
+            0x1b,
+            "Hello, WORLD! Héllo 中文 a$b unknownword\u{200b} [CLS]".as_bytes(),
+        ),
+        ("bert_cased", 0xbc, "Hello the World é [SEP]".as_bytes()),
     ];
-    for (name, bytes) in texts {
-        add("tokenizer", name, bytes.to_vec());
+    for (name, sel, text) in texts {
+        add("tokenizer", name, [&[sel], text].concat());
     }
     v
 }
