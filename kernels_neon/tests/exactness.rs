@@ -142,6 +142,56 @@ fn check_quantizer_special_values(k: &Kernels) {
     }
 }
 
+/// The Q8_K quantizer (ggml's: the signed value of largest magnitude, the first of equals, and
+/// `nearest_int`'s magic-number rounding) on super-blocks of special values.
+fn check_q8_k_special_values(k: &Kernels) {
+    let p = k.path;
+    let mut x = f32_vec(256 * 8, 19, 1.0);
+    let b = |i: usize| 256 * i..256 * (i + 1);
+    // 0: NaN, infinities, a huge value. 1: all NaN. 2: -0.0 and subnormals.
+    x[3] = f32::NAN;
+    x[40] = f32::INFINITY;
+    x[70] = f32::NEG_INFINITY;
+    x[100] = -f32::NAN;
+    x[130] = 3e38;
+    x[b(1)].iter_mut().for_each(|v| *v = f32::NAN);
+    x[b(2)].iter_mut().enumerate().for_each(|(i, v)| {
+        *v = if i % 2 == 0 {
+            -0.0
+        } else {
+            f32::from_bits(i as u32)
+        }
+    });
+    // 3, 4: equal magnitudes of both signs, the negative one first, then the positive one.
+    x[256 * 3 + 17] = -5.0;
+    x[256 * 3 + 200] = 5.0;
+    x[256 * 4 + 9] = 5.0;
+    x[256 * 4 + 10] = -5.0;
+    // 5: every value on a rounding tie of `iscale * v` (max -127 → iscale 1).
+    x[b(5)].iter_mut().enumerate().for_each(|(i, v)| {
+        *v = if i == 0 {
+            -127.0
+        } else {
+            (i as f32 - 128.0) * 0.5
+        }
+    });
+    // 6: all zeros. 7: one huge value beside tiny ones (most levels round to 0).
+    x[b(6)].fill(0.0);
+    x[b(7)].iter_mut().for_each(|v| *v *= 1e-30);
+    x[256 * 7 + 255] = -1e30;
+    let n = x.len() / 256;
+    let (mut got, mut want) = (vec![BlockQ8K::default(); n], vec![BlockQ8K::default(); n]);
+    (k.more.quantize_row_q8_k)(&x, &mut got);
+    r::quantize_row_q8_k_ref(&x, &mut want);
+    for i in 0..n {
+        assert_eq!(
+            bytemuck::bytes_of(&got[i]),
+            bytemuck::bytes_of(&want[i]),
+            "{p}/q8_k block {i}"
+        );
+    }
+}
+
 #[test]
 fn products_agree_bit_for_bit_whatever_the_tile_on_every_path() {
     for p in Path::available() {
@@ -164,6 +214,7 @@ fn integer_sums_are_exact_at_the_extremes_on_every_path() {
 fn quantizers_match_the_reference_on_special_values_on_every_path() {
     for p in Path::available() {
         check_quantizer_special_values(Kernels::for_path(p).unwrap());
+        check_q8_k_special_values(Kernels::for_path(p).unwrap());
     }
 }
 

@@ -48,7 +48,7 @@ mod tests;
 
 use crate::dispatch::{Kernels, MORE_REFERENCE, MoreFormats, Path};
 
-/// The AVX2 table. Every kernel has a fast version but the Q8_K quantizer.
+/// The AVX2 table. Every kernel has a fast version.
 pub(crate) const AVX2: Kernels = Kernels {
     path: Path::Avx2,
     quantize_row_q8_0: quant::quantize_row_q8_0,
@@ -63,8 +63,8 @@ pub(crate) const AVX2: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
-    // The Q8_K quantizer is the reference's (a few % of a token's time).
     more: MoreFormats {
+        quantize_row_q8_k: quant::quantize_row_q8_k,
         vec_dot_q4_k_q8_k: kquant::vec_dot_q4_k_q8_k,
         vec_dot_q5_k_q8_k: kquant::vec_dot_q5_k_q8_k,
         vec_dot_q6_k_q8_k: kquant::vec_dot_q6_k_q8_k,

@@ -5,9 +5,13 @@
 //! Blocks go 8 at a time so that their two dependent divisions (`d`, then `1/d`) and the f16
 //! conversions of `d` (and `s`) are one vector instruction each instead of a latency chain
 //! per block; the IEEE results are the same as the reference's scalar ones.
+//!
+//! Q8_K (the K-quants' activations) follows ggml's `quantize_row_q8_K` instead: the signed
+//! value of largest magnitude, `iscale = -127 / max`, and `nearest_int`'s magic-number
+//! rounding, which is the same bit operations on a vector.
 
 use super::simd::{hsum_epi32, load_ps, store_i8x32, store_ps};
-use crate::block::{BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, f16};
+use crate::block::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8_0, QK8_1, f16};
 use std::arch::x86_64::*;
 
 /// `quantize_row_q8_0` (AVX2).
@@ -31,6 +35,78 @@ pub(crate) fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
     );
     // SAFETY: only reachable through the AVX2 table (avx2, fma and f16c detected at runtime).
     unsafe { quantize::<BlockQ8_1>(x, y) }
+}
+
+/// `quantize_row_q8_k` (AVX2), byte-identical to the reference.
+pub(crate) fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        y.len() * QK_K,
+        "quantize_row_q8_k: length mismatch"
+    );
+    // SAFETY: only reachable through the AVX2 tables (avx2, fma and f16c detected at runtime).
+    unsafe { quantize_q8_k(x, y) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, yb) in x.as_chunks::<QK_K>().0.iter().zip(y.iter_mut()) {
+        let (c, _) = xb.as_chunks::<8>();
+        // The largest magnitude, NaN skipped as the reference's `amax < |v|` skips it:
+        // `max_ps(|v|, m)` keeps `m` when `|v|` is NaN.
+        let mut m = _mm256_setzero_ps();
+        for v in c {
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, load_ps(v)), m);
+        }
+        let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        let amax = _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+        if amax == 0.0 {
+            *yb = BlockQ8K::default();
+            continue;
+        }
+        // Its first value, with its sign: the reference keeps the first of equal magnitudes.
+        let at = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for v in c {
+            let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, load_ps(v)), at);
+            let lanes = _mm256_movemask_ps(eq);
+            if lanes != 0 {
+                max = v[lanes.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0f32 / max;
+        let is = _mm256_set1_ps(iscale);
+        // `nearest_int(iscale * v)`: the bits of `iscale * v + 1.5 · 2^23`, masked.
+        let magic = _mm256_set1_ps(12_582_912.0);
+        let mant = _mm256_set1_epi32(0x007f_ffff);
+        let off = _mm256_set1_epi32(0x0040_0000);
+        let top = _mm256_set1_epi32(127);
+        let byte = _mm256_set1_epi32(0xff);
+        let (qs, _) = yb.qs.as_chunks_mut::<32>();
+        for (v, q) in c.as_chunks::<4>().0.iter().zip(qs) {
+            let l: [__m256i; 4] = std::array::from_fn(|k| {
+                let t = _mm256_mul_ps(is, load_ps(&v[k]));
+                let t = _mm256_castps_si256(_mm256_add_ps(t, magic));
+                let n = _mm256_sub_epi32(_mm256_and_si256(t, mant), off);
+                // `MIN(127, n)` stored into an int8_t: its low byte, as `as i8`.
+                _mm256_and_si256(_mm256_min_epi32(n, top), byte)
+            });
+            // Bytes 0..=255 in every i32 lane: the unsigned packs do not saturate.
+            let p = _mm256_packus_epi16(
+                _mm256_packus_epi32(l[0], l[1]),
+                _mm256_packus_epi32(l[2], l[3]),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            store_i8x32(q, p);
+        }
+        for (s, q) in yb.bsums.iter_mut().zip(yb.qs.chunks_exact(16)) {
+            *s = q.iter().map(|&v| v as i32).sum::<i32>() as i16;
+        }
+        yb.d = 1.0 / iscale;
+    }
 }
 
 /// The two 8-bit activation blocks: Q8_1 also stores `s = d * sum(q)`.
