@@ -30,17 +30,53 @@ fn socat(dir: &Path) -> Child {
     c
 }
 
-/// A line exchange on the `plc` link (opened for this exchange only).
-fn ask_link(dir: &Path, cmd: &str) -> String {
+/// A line exchange on the `plc` link (opened for this exchange only): the first line back,
+/// within `T`. A lost request or answer fails the test, naming where the links point, instead
+/// of hanging it.
+fn ask_link(d: &Daemon, dir: &Path, cmd: &str) -> String {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a read that another reader of the same pty beat to the bytes must not
+    // block past the deadline.
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
         .open(dir.join("plc"))
         .unwrap();
     f.write_all(format!("{cmd}\r\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(f).read_line(&mut line).unwrap();
-    line.trim_end().to_owned()
+    let until = Instant::now() + T;
+    let mut got = Vec::new();
+    loop {
+        if let Some(i) = got.iter().position(|&b| b == b'\n') {
+            return String::from_utf8_lossy(&got[..i]).trim_end().to_owned();
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let target = |n: &str| std::fs::read_link(dir.join(n)).ok();
+        assert!(
+            !left.is_zero(),
+            "no answer to {cmd:?} within {T:?} (dev -> {:?}, plc -> {:?}; got {:?})\n{}",
+            target("dev"),
+            target("plc"),
+            String::from_utf8_lossy(&got),
+            d.log_text()
+        );
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+            let mut buf = [0u8; 1024];
+            match f.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => panic!(
+                    "the plc link closed while {cmd:?} waited for its answer\n{}",
+                    d.log_text()
+                ),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
 }
 
 /// The device's retained status (null when none came within 10 s).
@@ -97,7 +133,7 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp1", 9600);
-    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
     assert_eq!(s["state"], "open", "{s}");
     assert_eq!(s["mode"], "line");
@@ -125,7 +161,7 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     let mut link = socat(dir.path());
     let log = d.wait_log(T, |l| l.matches("serial port open").count() >= 2);
     assert_eq!(log.matches("serial port open").count(), 2, "{log}");
-    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
     assert_eq!(
         (s["state"].as_str(), s["reopens"].as_u64()),
@@ -153,7 +189,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         &[("EDGELLM_TEST_HOOK", "stall_ms=1500")],
     );
     assert_eq!(
-        ask_link(dir.path(), "SET max_tokens=64"),
+        ask_link(&d, dir.path(), "SET max_tokens=64"),
         "OK max_tokens=64"
     );
     let ask = "GEN Write a long story about a robot who learns to paint.";
@@ -199,7 +235,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
     let log = d.log_text();
     assert!(log.matches("serial port open").count() >= 2, "{log}");
     assert!(first.starts_with("OK "), "{first:?}");
-    let again = ask_link(dir.path(), ask);
+    let again = ask_link(&d, dir.path(), ask);
     assert_eq!(first.trim_end(), again, "the answer across the cut differs");
     assert!(again.len() > 40, "{again}");
     let s = port_status(broker.port, "sp2");
