@@ -98,6 +98,7 @@ pub async fn run(
             port = path,
             mode = stats.mode,
             baud = spec.settings.baud,
+            device = %port.device().unwrap_or_default().display(),
             "serial port open"
         );
         let Some(why) = serve(&port, core.as_mut(), &mut env, &mut rx, &mut stop).await else {

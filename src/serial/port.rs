@@ -159,6 +159,13 @@ impl Port {
         Ok(Port { fd, rs485_note })
     }
 
+    /// The device node this descriptor is open on (the kernel's name for it, whatever link
+    /// the configured path went through), for the log: a path that is a link may name
+    /// another device after the port comes back.
+    pub fn device(&self) -> Option<PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).ok()
+    }
+
     /// Reads what has arrived (at least a byte). `Ok(0)`, `EIO` or a hang-up mean the other
     /// end went away.
     pub async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
