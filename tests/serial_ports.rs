@@ -254,6 +254,42 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
 }
 
 #[test]
+fn a_ping_sent_the_moment_the_port_is_back_is_answered() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp3", 9600);
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
+    // A PLC that writes as soon as its line is back, before the daemon has reopened it (the
+    // daemon is between retries): the request waits in the pty and must be read, not
+    // discarded with the bytes of before the reopen. Each round where the daemon was quicker
+    // than the write proves nothing, so the port goes again, up to five times.
+    let count = |l: &str, what: &str| l.matches(what).count();
+    let opens = |l: &str| count(l, "serial port open");
+    for round in 1.. {
+        let failed = count(&d.log_text(), "serial port not available");
+        unplug(&mut link);
+        // Its first retry found no port: it waits out its backoff now.
+        let log = d.wait_log(T, |l| count(l, "serial port not available") > failed);
+        let before = opens(&log);
+        link = socat(dir.path());
+        let ahead = opens(&d.log_text()) == before;
+        assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG", "round {round}");
+        if ahead || round == 5 {
+            assert!(
+                ahead,
+                "the daemon reopened before every write\n{}",
+                d.log_text()
+            );
+            break;
+        }
+        d.wait_log(T, |l| opens(l) > before);
+    }
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    unplug(&mut link);
+}
+
+#[test]
 fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     let broker = Mosquitto::start();
     let (mut a, mut b) = (Pty::open(), Pty::open());

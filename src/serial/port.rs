@@ -83,6 +83,12 @@ pub fn baud_rate(baud: u32) -> Option<BaudRate> {
     })
 }
 
+/// Whether device number `dev` is a Unix 98 pty's slave (majors 136 to 143, as
+/// `Documentation/admin-guide/devices.txt` has them).
+fn is_pty(dev: nix::libc::dev_t) -> bool {
+    (136..=143).contains(&nix::sys::stat::major(dev))
+}
+
 /// An open, configured port.
 pub struct Port {
     fd: AsyncFd<OwnedFd>,
@@ -139,8 +145,15 @@ impl Port {
         t.control_chars[termios::SpecialCharacterIndices::VMIN as usize] = 1;
         t.control_chars[termios::SpecialCharacterIndices::VTIME as usize] = 0;
         termios::tcsetattr(fd.as_fd(), SetArg::TCSANOW, &t).map_err(tio_err)?;
-        // Bytes that arrived before we set the line were read with other settings.
-        let _ = termios::tcflush(fd.as_fd(), termios::FlushArg::TCIFLUSH);
+        // A UART's bytes that arrived before we set the line were read with other settings:
+        // noise. A pty has no wire: what waits in it was written by the other end as it is (a
+        // PLC that sends the moment the port is back), and discarding it loses that request.
+        let rdev = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(tio_err)?
+            .st_rdev;
+        if !is_pty(rdev) {
+            let _ = termios::tcflush(fd.as_fd(), termios::FlushArg::TCIFLUSH);
+        }
         let rs485_note = if s.rs485 {
             rs485::enable(fd.as_raw_fd())
                 .err()
