@@ -37,7 +37,8 @@ fn socat(dir: &Path) -> Child {
 
 /// The link goes as an unplugged adapter's node does: `socat` removes its links as it
 /// closes its ptys (SIGTERM). A SIGKILL would leave them naming pty numbers that other
-/// tests' ptys take next, and the daemon, reopening its path, would serve one of those.
+/// tests' ptys take next, and the daemon, reopening its path, would serve one of those
+/// (`a_port_whose_path_names_another_device_follows_it` is that case).
 fn unplug(link: &mut Child) {
     let pid = nix::unistd::Pid::from_raw(link.id() as i32);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
@@ -284,6 +285,47 @@ fn a_ping_sent_the_moment_the_port_is_back_is_answered() {
         }
         d.wait_log(T, |l| opens(l) > before);
     }
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    unplug(&mut link);
+}
+
+#[test]
+fn a_port_whose_path_names_another_device_follows_it() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp4", 9600);
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
+    // The path is pointed at another tty while the first is still up, as a link left by a
+    // dead `socat` or adapter is pointed at the real port when it comes back, after the
+    // daemon reopened it onto whatever tty had taken its old number: the daemon must go to
+    // what the path names now, and find the request its PLC sent meanwhile.
+    let mut p = Pty::open();
+    let tmp = dir.path().join("dev.new");
+    std::os::unix::fs::symlink(&p.path, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.path().join("dev")).unwrap();
+    let answer = p.ask("PING", T);
+    let log = d.log_text();
+    assert_eq!(answer, "OK PONG", "{log}");
+    assert!(log.contains("now names another device"), "{log}");
+    assert!(
+        log.contains(&format!("device={}", p.path)),
+        "the new device is in the log: {log}"
+    );
+    // Again as `socat` makes its link (removed, then made anew), not renamed over.
+    let mut q = Pty::open();
+    std::fs::remove_file(dir.path().join("dev")).unwrap();
+    std::os::unix::fs::symlink(&q.path, dir.path().join("dev")).unwrap();
+    let answer = q.ask("PING", T);
+    let log = d.log_text();
+    assert_eq!(answer, "OK PONG", "{log}");
+    assert!(log.contains(&format!("device={}", q.path)), "{log}");
+    let s = port_status(broker.port, "sp4");
+    assert_eq!(
+        (s["state"].as_str(), s["reopens"].as_u64()),
+        (Some("open"), Some(2)),
+        "{s}"
+    );
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
     unplug(&mut link);
