@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 const T: Duration = Duration::from_secs(60);
 
 /// `socat` joining two ptys, each behind a link path: `dev` for the daemon, `plc` for us.
-fn socat(dir: &Path) -> Child {
+fn socat(dir: &Path) -> Link {
     // Links a killed `socat` left may name another test's ptys by now (the kernel gives a
     // freed pty number to the next pty made): they must not pass for this one's.
     for n in ["dev", "plc"] {
@@ -32,17 +32,32 @@ fn socat(dir: &Path) -> Child {
         assert!(Instant::now() < until, "socat made no links");
         std::thread::sleep(Duration::from_millis(20));
     }
-    c
+    Link(Some(c))
 }
 
-/// The link goes as an unplugged adapter's node does: `socat` removes its links as it
-/// closes its ptys (SIGTERM). A SIGKILL would leave them naming pty numbers that other
-/// tests' ptys take next, and the daemon, reopening its path, would serve one of those
-/// (`a_port_whose_path_names_another_device_follows_it` is that case).
-fn unplug(link: &mut Child) {
-    let pid = nix::unistd::Pid::from_raw(link.id() as i32);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let _ = link.wait();
+/// A running `socat` link; unplugged when dropped, so a failing test leaves no `socat`
+/// behind holding its ptys.
+struct Link(Option<Child>);
+
+impl Link {
+    /// The link goes as an unplugged adapter's node does: `socat` removes its links as it
+    /// closes its ptys (SIGTERM). A SIGKILL would leave them naming pty numbers that other
+    /// tests' ptys take next, and the daemon, reopening its path, would serve one of those
+    /// (`a_port_whose_path_names_another_device_follows_it` is that case).
+    fn unplug(&mut self) {
+        // Taken out first: once waited for, its pid may be another process's.
+        if let Some(mut c) = self.0.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.unplug();
+    }
 }
 
 /// A line exchange on the `plc` link (opened for this exchange only): the first line back,
@@ -112,7 +127,7 @@ fn port_status(broker: u16, device: &str) -> serde_json::Value {
 
 /// `socat`'s link in `dir` and `edgellm serve` as `device` with its `dev` end as a line-mode
 /// port at `baud`, once the port is open.
-fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Child, Daemon) {
+fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Link, Daemon) {
     serve_link_with(dir, broker, device, baud, &[])
 }
 
@@ -123,7 +138,7 @@ fn serve_link_with(
     device: &str,
     baud: u32,
     env: &[(&str, &str)],
-) -> (Child, Daemon) {
+) -> (Link, Daemon) {
     let link = socat(dir);
     let m = model_arg(&common::model_path("q4_0"));
     let dev = format!("{}:{baud}:line", dir.join("dev").display());
@@ -149,7 +164,7 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     assert_eq!(s["mode"], "line");
 
     // The other end goes away: the daemon sees the hang-up, says so, and keeps trying.
-    unplug(&mut link);
+    link.unplug();
     let log = d.wait_log(T, |l| l.contains("serial port lost"));
     assert!(log.contains("serial port lost, reopening"), "{log}");
     let until = Instant::now() + T;
@@ -179,7 +194,7 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     );
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
-    unplug(&mut link);
+    link.unplug();
 }
 
 #[test]
@@ -217,7 +232,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         assert!(Instant::now() < until, "never running\n{}", d.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-    unplug(&mut link);
+    link.unplug();
     d.wait_log(T, |l| l.contains("serial port lost"));
 
     // Back under the same path: the answer comes whole, as the first line, and is the one
@@ -251,7 +266,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         "{s}"
     );
     d.terminate(Duration::from_secs(20));
-    unplug(&mut link);
+    link.unplug();
 }
 
 #[test]
@@ -268,7 +283,7 @@ fn a_ping_sent_the_moment_the_port_is_back_is_answered() {
     let opens = |l: &str| count(l, "serial port open");
     for round in 1.. {
         let failed = count(&d.log_text(), "serial port not available");
-        unplug(&mut link);
+        link.unplug();
         // Its first retry found no port: it waits out its backoff now.
         let log = d.wait_log(T, |l| count(l, "serial port not available") > failed);
         let before = opens(&log);
@@ -287,7 +302,7 @@ fn a_ping_sent_the_moment_the_port_is_back_is_answered() {
     }
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
-    unplug(&mut link);
+    link.unplug();
 }
 
 #[test]
@@ -328,7 +343,7 @@ fn a_port_whose_path_names_another_device_follows_it() {
     );
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
-    unplug(&mut link);
+    link.unplug();
 }
 
 #[test]
