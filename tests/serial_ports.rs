@@ -14,7 +14,12 @@ use std::time::{Duration, Instant};
 const T: Duration = Duration::from_secs(60);
 
 /// `socat` joining two ptys, each behind a link path: `dev` for the daemon, `plc` for us.
-fn socat(dir: &Path) -> Child {
+fn socat(dir: &Path) -> Link {
+    // Links a killed `socat` left may name another test's ptys by now (the kernel gives a
+    // freed pty number to the next pty made): they must not pass for this one's.
+    for n in ["dev", "plc"] {
+        let _ = std::fs::remove_file(dir.join(n));
+    }
     let link = |n: &str| format!("pty,raw,echo=0,link={}", dir.join(n).display());
     let c = Command::new("socat")
         .args([link("dev"), link("plc")])
@@ -27,20 +32,81 @@ fn socat(dir: &Path) -> Child {
         assert!(Instant::now() < until, "socat made no links");
         std::thread::sleep(Duration::from_millis(20));
     }
-    c
+    Link(Some(c))
 }
 
-/// A line exchange on the `plc` link (opened for this exchange only).
-fn ask_link(dir: &Path, cmd: &str) -> String {
+/// A running `socat` link; unplugged when dropped, so a failing test leaves no `socat`
+/// behind holding its ptys.
+struct Link(Option<Child>);
+
+impl Link {
+    /// The link goes as an unplugged adapter's node does: `socat` removes its links as it
+    /// closes its ptys (SIGTERM). A SIGKILL would leave them naming pty numbers that other
+    /// tests' ptys take next, and the daemon, reopening its path, would serve one of those
+    /// (`a_port_whose_path_names_another_device_follows_it` is that case).
+    fn unplug(&mut self) {
+        // Taken out first: once waited for, its pid may be another process's.
+        if let Some(mut c) = self.0.take() {
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.unplug();
+    }
+}
+
+/// A line exchange on the `plc` link (opened for this exchange only): the first line back,
+/// within `T`. A lost request or answer fails the test, naming where the links point, instead
+/// of hanging it.
+fn ask_link(d: &Daemon, dir: &Path, cmd: &str) -> String {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a read that another reader of the same pty beat to the bytes must not
+    // block past the deadline.
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
         .open(dir.join("plc"))
         .unwrap();
     f.write_all(format!("{cmd}\r\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(f).read_line(&mut line).unwrap();
-    line.trim_end().to_owned()
+    let until = Instant::now() + T;
+    let mut got = Vec::new();
+    loop {
+        if let Some(i) = got.iter().position(|&b| b == b'\n') {
+            return String::from_utf8_lossy(&got[..i]).trim_end().to_owned();
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let target = |n: &str| std::fs::read_link(dir.join(n)).ok();
+        assert!(
+            !left.is_zero(),
+            "no answer to {cmd:?} within {T:?} (dev -> {:?}, plc -> {:?}; got {:?})\n{}",
+            target("dev"),
+            target("plc"),
+            String::from_utf8_lossy(&got),
+            d.log_text()
+        );
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+            let mut buf = [0u8; 1024];
+            match f.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => panic!(
+                    "the plc link closed while {cmd:?} waited for its answer\n{}",
+                    d.log_text()
+                ),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
 }
 
 /// The device's retained status (null when none came within 10 s).
@@ -59,13 +125,9 @@ fn port_status(broker: u16, device: &str) -> serde_json::Value {
     v["serial"][0].clone()
 }
 
-/// Held by each test that kills and restarts a `socat` link: two of them at once hung one of
-/// them (its PING after the reopen never answered; not understood yet, seen 2 runs in 6).
-static LINK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// `socat`'s link in `dir` and `edgellm serve` as `device` with its `dev` end as a line-mode
 /// port at `baud`, once the port is open.
-fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Child, Daemon) {
+fn serve_link(dir: &Path, broker: u16, device: &str, baud: u32) -> (Link, Daemon) {
     serve_link_with(dir, broker, device, baud, &[])
 }
 
@@ -76,7 +138,7 @@ fn serve_link_with(
     device: &str,
     baud: u32,
     env: &[(&str, &str)],
-) -> (Child, Daemon) {
+) -> (Link, Daemon) {
     let link = socat(dir);
     let m = model_arg(&common::model_path("q4_0"));
     let dev = format!("{}:{baud}:line", dir.join("dev").display());
@@ -93,18 +155,16 @@ fn serve_link_with(
 
 #[test]
 fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
-    let _one = LINK_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp1", 9600);
-    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
     assert_eq!(s["state"], "open", "{s}");
     assert_eq!(s["mode"], "line");
 
     // The other end goes away: the daemon sees the hang-up, says so, and keeps trying.
-    let _ = link.kill();
-    let _ = link.wait();
+    link.unplug();
     let log = d.wait_log(T, |l| l.contains("serial port lost"));
     assert!(log.contains("serial port lost, reopening"), "{log}");
     let until = Instant::now() + T;
@@ -125,7 +185,7 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     let mut link = socat(dir.path());
     let log = d.wait_log(T, |l| l.matches("serial port open").count() >= 2);
     assert_eq!(log.matches("serial port open").count(), 2, "{log}");
-    assert_eq!(ask_link(dir.path(), "PING"), "OK PONG");
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
     let s = port_status(broker.port, "sp1");
     assert_eq!(
         (s["state"].as_str(), s["reopens"].as_u64()),
@@ -134,13 +194,11 @@ fn a_port_that_vanishes_is_reopened_and_its_state_is_in_the_status() {
     );
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
-    let _ = link.kill();
-    let _ = link.wait();
+    link.unplug();
 }
 
 #[test]
 fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
-    let _one = LINK_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     // Every answer starts 1.5 s late (the test hook), so the line goes while it is being made:
@@ -153,7 +211,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         &[("EDGELLM_TEST_HOOK", "stall_ms=1500")],
     );
     assert_eq!(
-        ask_link(dir.path(), "SET max_tokens=64"),
+        ask_link(&d, dir.path(), "SET max_tokens=64"),
         "OK max_tokens=64"
     );
     let ask = "GEN Write a long story about a robot who learns to paint.";
@@ -174,8 +232,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         assert!(Instant::now() < until, "never running\n{}", d.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = link.kill();
-    let _ = link.wait();
+    link.unplug();
     d.wait_log(T, |l| l.contains("serial port lost"));
 
     // Back under the same path: the answer comes whole, as the first line, and is the one
@@ -199,7 +256,7 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
     let log = d.log_text();
     assert!(log.matches("serial port open").count() >= 2, "{log}");
     assert!(first.starts_with("OK "), "{first:?}");
-    let again = ask_link(dir.path(), ask);
+    let again = ask_link(&d, dir.path(), ask);
     assert_eq!(first.trim_end(), again, "the answer across the cut differs");
     assert!(again.len() > 40, "{again}");
     let s = port_status(broker.port, "sp2");
@@ -209,8 +266,84 @@ fn a_port_that_vanishes_mid_answer_gets_the_whole_answer_once_it_is_back() {
         "{s}"
     );
     d.terminate(Duration::from_secs(20));
-    let _ = link.kill();
-    let _ = link.wait();
+    link.unplug();
+}
+
+#[test]
+fn a_ping_sent_the_moment_the_port_is_back_is_answered() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp3", 9600);
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
+    // A PLC that writes as soon as its line is back, before the daemon has reopened it (the
+    // daemon is between retries): the request waits in the pty and must be read, not
+    // discarded with the bytes of before the reopen. Each round where the daemon was quicker
+    // than the write proves nothing, so the port goes again, up to five times.
+    let count = |l: &str, what: &str| l.matches(what).count();
+    let opens = |l: &str| count(l, "serial port open");
+    for round in 1.. {
+        let failed = count(&d.log_text(), "serial port not available");
+        link.unplug();
+        // Its first retry found no port: it waits out its backoff now.
+        let log = d.wait_log(T, |l| count(l, "serial port not available") > failed);
+        let before = opens(&log);
+        link = socat(dir.path());
+        let ahead = opens(&d.log_text()) == before;
+        assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG", "round {round}");
+        if ahead || round == 5 {
+            assert!(
+                ahead,
+                "the daemon reopened before every write\n{}",
+                d.log_text()
+            );
+            break;
+        }
+        d.wait_log(T, |l| opens(l) > before);
+    }
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    link.unplug();
+}
+
+#[test]
+fn a_port_whose_path_names_another_device_follows_it() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut link, mut d) = serve_link(dir.path(), broker.port, "sp4", 9600);
+    assert_eq!(ask_link(&d, dir.path(), "PING"), "OK PONG");
+    // The path is pointed at another tty while the first is still up, as a link left by a
+    // dead `socat` or adapter is pointed at the real port when it comes back, after the
+    // daemon reopened it onto whatever tty had taken its old number: the daemon must go to
+    // what the path names now, and find the request its PLC sent meanwhile.
+    let mut p = Pty::open();
+    let tmp = dir.path().join("dev.new");
+    std::os::unix::fs::symlink(&p.path, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.path().join("dev")).unwrap();
+    let answer = p.ask("PING", T);
+    let log = d.log_text();
+    assert_eq!(answer, "OK PONG", "{log}");
+    assert!(log.contains("now names another device"), "{log}");
+    assert!(
+        log.contains(&format!("device={}", p.path)),
+        "the new device is in the log: {log}"
+    );
+    // Again as `socat` makes its link (removed, then made anew), not renamed over.
+    let mut q = Pty::open();
+    std::fs::remove_file(dir.path().join("dev")).unwrap();
+    std::os::unix::fs::symlink(&q.path, dir.path().join("dev")).unwrap();
+    let answer = q.ask("PING", T);
+    let log = d.log_text();
+    assert_eq!(answer, "OK PONG", "{log}");
+    assert!(log.contains(&format!("device={}", q.path)), "{log}");
+    let s = port_status(broker.port, "sp4");
+    assert_eq!(
+        (s["state"].as_str(), s["reopens"].as_u64()),
+        (Some("open"), Some(2)),
+        "{s}"
+    );
+    assert!(d.is_running());
+    d.terminate(Duration::from_secs(20));
+    link.unplug();
 }
 
 #[test]

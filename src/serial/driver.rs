@@ -7,11 +7,11 @@
 //! by the request's tokens), so a slow or stalled line never holds up the engine.
 
 use super::core::{Core, Env, StatusView};
-use super::port::{Port, Settings};
+use super::port::{PathWatch, Port, Settings};
 use super::stats::{Count, PortState, PortStats};
 use crate::service::worker::Sink;
 use crate::service::{Event, Handle, Request, ServiceError, Ticket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -62,6 +62,11 @@ pub async fn run(
     let mut backoff = BACKOFF_MIN;
     let (mut opened_before, mut rs485_told, mut last_error) = (false, false, String::new());
     while !*stop.borrow() {
+        // A port reopened through a link left behind may be another program's tty (a pty
+        // whose number was taken again): once the link is pointed at the real device, that
+        // one is the port, and the bytes its PLC sent meanwhile wait in it. Watched from
+        // before the open, so that no change after it is missed.
+        let watch = PathWatch::new(&spec.path);
         let port = match Port::open(&spec.path, &spec.settings) {
             Ok(p) => p,
             Err(e) => {
@@ -86,6 +91,11 @@ pub async fn run(
             tracing::warn!(port = path, "{note}");
             rs485_told = true;
         }
+        // Without a watch (no inotify descriptor to be had) the port is served as before:
+        // only a hang-up ends it.
+        let watch = watch
+            .inspect_err(|e| tracing::warn!(port = path, "the port's path is not watched: {e}"))
+            .ok();
         if opened_before {
             stats.counters.reopens.fetch_add(1, Ordering::Relaxed);
         }
@@ -98,9 +108,19 @@ pub async fn run(
             port = path,
             mode = stats.mode,
             baud = spec.settings.baud,
+            device = %port.device().unwrap_or_default().display(),
             "serial port open"
         );
-        let Some(why) = serve(&port, core.as_mut(), &mut env, &mut rx, &mut stop).await else {
+        let served = serve(
+            &spec.path,
+            &port,
+            watch,
+            core.as_mut(),
+            &mut env,
+            &mut rx,
+            &mut stop,
+        );
+        let Some(why) = served.await else {
             break;
         };
         tracing::warn!(port = path, "serial port lost, reopening: {why}");
@@ -110,9 +130,12 @@ pub async fn run(
     tracing::debug!(port = path, "serial port closed");
 }
 
-/// Runs the port until it goes away (`Some(why)`) or the daemon stops (`None`).
+/// Runs the port until it goes away or `path` names another device (asked each time `watch`
+/// sees its directory change) (`Some(why)`), or the daemon stops (`None`).
 async fn serve(
+    path: &Path,
     port: &Port,
+    mut watch: Option<PathWatch>,
     core: &mut dyn Core,
     env: &mut PortEnv,
     rx: &mut mpsc::UnboundedReceiver<Event>,
@@ -146,8 +169,25 @@ async fn serve(
                 core.on_event(ev, env);
             }
             _ = sleep_until(tick), if tick.is_some() => core.on_tick(env),
+            r = changed(&watch) => {
+                if let Err(e) = r {
+                    tracing::warn!(port = %path.display(), "the port's path is no longer watched: {e}");
+                    watch = None;
+                }
+                if let Some(why) = port.moved_from(path) {
+                    return Some(why);
+                }
+            }
             _ = stop.changed() => return None,
         }
+    }
+}
+
+/// The next change of the watched directory; never without a watch.
+async fn changed(w: &Option<PathWatch>) -> std::io::Result<()> {
+    match w {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
     }
 }
 

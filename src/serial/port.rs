@@ -6,6 +6,7 @@
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::stat::Mode;
 use nix::sys::termios::{self, BaudRate, ControlFlags, InputFlags, SetArg};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -83,9 +84,17 @@ pub fn baud_rate(baud: u32) -> Option<BaudRate> {
     })
 }
 
+/// Whether device number `dev` is a Unix 98 pty's slave (majors 136 to 143, as
+/// `Documentation/admin-guide/devices.txt` has them).
+fn is_pty(dev: nix::libc::dev_t) -> bool {
+    (136..=143).contains(&nix::sys::stat::major(dev))
+}
+
 /// An open, configured port.
 pub struct Port {
     fd: AsyncFd<OwnedFd>,
+    /// The device number of the open tty.
+    rdev: nix::libc::dev_t,
     /// Why the RS-485 mode was not set (a pty or a UART without it), to report once.
     pub rs485_note: Option<String>,
 }
@@ -139,8 +148,15 @@ impl Port {
         t.control_chars[termios::SpecialCharacterIndices::VMIN as usize] = 1;
         t.control_chars[termios::SpecialCharacterIndices::VTIME as usize] = 0;
         termios::tcsetattr(fd.as_fd(), SetArg::TCSANOW, &t).map_err(tio_err)?;
-        // Bytes that arrived before we set the line were read with other settings.
-        let _ = termios::tcflush(fd.as_fd(), termios::FlushArg::TCIFLUSH);
+        // A UART's bytes that arrived before we set the line were read with other settings:
+        // noise. A pty has no wire: what waits in it was written by the other end as it is (a
+        // PLC that sends the moment the port is back), and discarding it loses that request.
+        let rdev = nix::sys::stat::fstat(fd.as_raw_fd())
+            .map_err(tio_err)?
+            .st_rdev;
+        if !is_pty(rdev) {
+            let _ = termios::tcflush(fd.as_fd(), termios::FlushArg::TCIFLUSH);
+        }
         let rs485_note = if s.rs485 {
             rs485::enable(fd.as_raw_fd())
                 .err()
@@ -156,7 +172,37 @@ impl Port {
                     path: path.to_owned(),
                     source: e.into_parts().1,
                 })?;
-        Ok(Port { fd, rs485_note })
+        Ok(Port {
+            fd,
+            rdev,
+            rs485_note,
+        })
+    }
+
+    /// Why `path` no longer leads to this port, if it names another device now: a link
+    /// (a `socat` pty's, a udev name) left behind when its device went away can point at
+    /// whatever device later takes the old node's number, and is pointed again at the real
+    /// one when it comes back. A path that cannot be read now says nothing (a link being
+    /// replaced, a directory briefly unreadable): the port is kept.
+    pub fn moved_from(&self, path: &Path) -> Option<String> {
+        let now = nix::sys::stat::stat(path).ok()?.st_rdev;
+        (now != self.rdev).then(|| {
+            format!(
+                "{} now names another device ({}:{}, the port is {}:{})",
+                path.display(),
+                nix::sys::stat::major(now),
+                nix::sys::stat::minor(now),
+                nix::sys::stat::major(self.rdev),
+                nix::sys::stat::minor(self.rdev),
+            )
+        })
+    }
+
+    /// The device node this descriptor is open on (the kernel's name for it, whatever link
+    /// the configured path went through), for the log: a path that is a link may name
+    /// another device after the port comes back.
+    pub fn device(&self) -> Option<PathBuf> {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).ok()
     }
 
     /// Reads what has arrived (at least a byte). `Ok(0)`, `EIO` or a hang-up mean the other
@@ -187,6 +233,57 @@ impl Port {
             }
         }
         Ok(())
+    }
+}
+
+/// Entries created or renamed into the directory of a port's path (inotify): the moments its
+/// path may start naming another device, so that [`Port::moved_from`] is asked then and not on
+/// a timer (an idle daemon does not wake). Only the path's own directory is watched: a link
+/// whose target's node is replaced elsewhere (a link to a link) is not seen.
+pub struct PathWatch {
+    fd: AsyncFd<Watch>,
+}
+
+struct Watch(Inotify);
+
+impl AsRawFd for Watch {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl PathWatch {
+    /// Watches the directory of `path`. Must run inside a tokio runtime.
+    pub fn new(path: &Path) -> std::io::Result<PathWatch> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        ino.add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)?;
+        // SAFETY: the AsyncFd takes the Inotify, which owns its descriptor, so the descriptor
+        // stays open and the same until the AsyncFd is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(Watch(ino), Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        Ok(PathWatch { fd })
+    }
+
+    /// Waits until entries were created or renamed into the directory (any of them: the
+    /// caller looks at its path), and takes their events.
+    pub async fn changed(&self) -> std::io::Result<()> {
+        loop {
+            let mut g = self.fd.readable().await?;
+            match g.try_io(|w| {
+                w.get_ref()
+                    .0
+                    .read_events()
+                    .map(drop)
+                    .map_err(std::io::Error::from)
+            }) {
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
     }
 }
 
