@@ -170,51 +170,37 @@ fn an_answer_from_a_session_the_broker_forgot_does_not_acknowledge_a_newer_reque
     let dir = tempfile::tempdir().unwrap();
     let mut broker = Broker::start(dir.path(), false);
     let state = dir.path().join("state");
-    // Every answer waits 2 s before it starts: s1 is still on the worker when the broker
-    // comes back, and s2 still waiting for its turn when s1's answer goes out.
+    // Every answer waits 2 s before it starts: s0 is still on the worker when the broker
+    // comes back, and s1 still waiting for its turn when s0's answer goes out.
     let d = serve(
         broker.port,
         &state,
         &[("EDGELLM_TEST_HOOK", "stall_ms=2000")],
     );
     let topic = format!("edgellm/{DEVICE}/request");
+    let until = Instant::now() + Duration::from_secs(30);
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        while !done() {
+            assert!(Instant::now() < until, "{what}\n{}", d.log_text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     let watch = Collector::start(broker.port, &format!("edgellm/{DEVICE}/status"), None);
     publish_lines(broker.port, &topic, &requests(&ids("s", 1), 4));
-    let until = Instant::now() + Duration::from_secs(30);
-    while last_status(&watch).is_none_or(|v| v["running"] != "s0") {
-        assert!(
-            Instant::now() < until,
-            "s0 never ran
-{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait("s0 never ran", &|| {
+        last_status(&watch).is_some_and(|v| v["running"] == "s0")
+    });
     drop(watch);
     broker.down();
     broker.up();
     // The daemon publishes its status again once it has subscribed on the new session.
     let answers = Collector::start(broker.port, &format!("edgellm/{DEVICE}/#"), None);
-    while last_status(&answers).is_none() {
-        assert!(
-            Instant::now() < until,
-            "no status after the restart
-{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait("no status after the restart", &|| {
+        last_status(&answers).is_some()
+    });
     // The new session's first delivery: the same packet id as s0's in the old one.
     publish_lines(broker.port, &topic, &requests(&["s1".to_owned()], 4));
-    while !answers.finals().contains_key("s0") {
-        assert!(
-            Instant::now() < until,
-            "s0 not answered
-{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait("s0 not answered", &|| answers.finals().contains_key("s0"));
     // s1 is stalled on the worker now, unanswered: the daemon dies.
     let mut d = d;
     let _ = d.child.kill();
@@ -222,13 +208,11 @@ fn an_answer_from_a_session_the_broker_forgot_does_not_acknowledge_a_newer_reque
     let first_log = d.log_text();
     assert!(
         !answers.finals().contains_key("s1"),
-        "s1 was answered before the kill: the test did not set up what it means to
-{first_log}"
+        "s1 was answered before the kill: the test did not set up what it means to\n{first_log}"
     );
     assert!(
         first_log.contains("nothing to acknowledge"),
-        "s0's answer did not see that its session was gone:
-{first_log}"
+        "s0's answer did not see that its session was gone:\n{first_log}"
     );
     // s1 was never acknowledged, so the broker delivers it again to the restarted daemon.
     let second = serve(broker.port, &state, &[]);
