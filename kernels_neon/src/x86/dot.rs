@@ -118,34 +118,55 @@ fn isum_q4(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
     _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b1011_0001>(t))
 }
 
-/// `acc + sum(u8(a[4k..4k+4]) * i8(b[4k..4k+4]))` in each i32 lane `k`: `vpdpbusd` (AVX-512
-/// VNNI on 256-bit registers, EVEX-encoded). Exact, with no i16 intermediate, so it gives
-/// what `madd(maddubs(a, b), 1)` gives wherever `maddubs` does not saturate, plus `acc`.
+/// An AVX-512 VNNI accumulation on 256-bit registers (EVEX-encoded), `acc` updated in place.
 ///
 /// Written as `asm!` because AVX-512 intrinsics and `target_feature`s need Rust 1.89 and the
 /// crate builds with 1.88; the register class `ymm_reg` (without avx512f enabled) only hands
 /// out ymm0-15, which the EVEX form encodes like VEX registers.
 ///
-/// # Safety
-/// The CPU must have avx512vnni and avx512vl (runtime-detected: only the `avx512vnni` table
-/// reaches this), besides the features of the enclosing function.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: the caller guarantees avx512vnni and avx512vl; the instruction only reads and
-    // writes the three registers (no memory, stack or flags).
-    unsafe {
-        std::arch::asm!(
-            "vpdpbusd {acc}, {a}, {b}",
-            acc = inout(ymm_reg) acc,
-            a = in(ymm_reg) a,
-            b = in(ymm_reg) b,
-            options(pure, nomem, nostack, preserves_flags)
-        )
+/// Each function's safety: the CPU must have avx512vnni and avx512vl (runtime-detected: only
+/// the `avx512vnni` table reaches these), besides the features of the enclosing function.
+macro_rules! vnni_accumulate {
+    ($(#[$m:meta])* $name:ident, $insn:literal) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// See [`vnni_accumulate`].
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $name(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            let mut acc = acc;
+            // SAFETY: the caller guarantees avx512vnni and avx512vl; the instruction only
+            // reads and writes the three registers (no memory, stack or flags).
+            unsafe {
+                std::arch::asm!(
+                    concat!($insn, " {acc}, {a}, {b}"),
+                    acc = inout(ymm_reg) acc,
+                    a = in(ymm_reg) a,
+                    b = in(ymm_reg) b,
+                    options(pure, nomem, nostack, preserves_flags)
+                )
+            };
+            acc
+        }
     };
-    acc
 }
+
+vnni_accumulate!(
+    /// `acc + sum(u8(a[4k..4k+4]) * i8(b[4k..4k+4]))` in each i32 lane `k`: `vpdpbusd`. Exact,
+    /// with no i16 intermediate, so it gives what `madd(maddubs(a, b), 1)` gives wherever
+    /// `maddubs` does not saturate, plus `acc`.
+    dpbusd,
+    "vpdpbusd"
+);
+
+vnni_accumulate!(
+    /// `acc + madd(a, b)`: the signed i16 pairs' products summed into each i32 lane, by
+    /// `vpdpwssd`; exactly `madd` + `add` where `madd` does not overflow (it cannot but for
+    /// `-2^15 · -2^15` twice).
+    dpwssd,
+    "vpdpwssd"
+);
 
 /// [`isum_q4`] through [`dpbusd`]: each row's low and high halves accumulated in i32 lanes
 /// directly (`[a0 a1 a2 a3 | b..]`, as `madd` gives them), then the same reduction.

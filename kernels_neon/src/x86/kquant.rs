@@ -15,6 +15,7 @@
 //! The `avx512vnni` table runs the same code with each `madd` + `add` of a product with its
 //! scales fused into one `vpdpwssd` ([`Vnni`]): the same exact i32 sums, so the same bits.
 
+use super::dot::dpwssd;
 use super::simd::{f16_to_f32, load_i8x32};
 use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
 use crate::kseq::{finish_block_off, scales_mins};
@@ -62,39 +63,15 @@ impl Madd for Avx2 {
     }
 }
 
-/// AVX-512 VNNI: one `vpdpwssd` ([`dpwssd`]).
+/// AVX-512 VNNI: one `vpdpwssd` ([`dpwssd`]), exact here: `|p| < 2^15` and the scales are
+/// below `2^6`, so no pair overflows.
 struct Vnni;
 impl Madd for Vnni {
     #[inline(always)]
     unsafe fn madd_add(acc: __m256i, p: __m256i, scale: __m256i) -> __m256i {
-        // SAFETY: passed on from the caller.
+        // SAFETY: passed on from the caller (reached only through the `avx512vnni` table).
         unsafe { dpwssd(acc, p, scale) }
     }
-}
-
-/// `acc + madd(p, s)`: the signed i16 pairs' products summed into each i32 lane, by
-/// `vpdpwssd`, exactly `madd` + `add` (no saturation: `|p| < 2^15`, `s < 2^6`).
-/// `asm!` for the reason `dot::dpbusd` gives (AVX-512 intrinsics need Rust 1.89).
-///
-/// # Safety
-/// The CPU must have avx512vnni and avx512vl: reached only through the `avx512vnni` table,
-/// which `dispatch` hands out after detecting both.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dpwssd(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: as the function's; the instruction reads and writes registers only (no memory,
-    // stack or flags).
-    unsafe {
-        std::arch::asm!(
-            "vpdpwssd {acc}, {p}, {s}",
-            acc = inout(ymm_reg) acc,
-            p = in(ymm_reg) p,
-            s = in(ymm_reg) s,
-            options(pure, nomem, nostack, preserves_flags)
-        )
-    };
-    acc
 }
 
 /// Two i16 scales for the two 16-value halves of a 32-value register.
