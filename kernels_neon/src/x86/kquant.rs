@@ -63,8 +63,8 @@ impl Madd for Avx2 {
     }
 }
 
-/// AVX-512 VNNI: one `vpdpwssd` ([`dpwssd`]), exact here: `|p| < 2^15` and the scales are
-/// below `2^6`, so no pair overflows.
+/// AVX-512 VNNI: one `vpdpwssd` ([`dpwssd`]): the same i32 sums as `madd` + `add` (nothing
+/// comes near overflow: `|p| < 2^15`, scales within ±128).
 struct Vnni;
 impl Madd for Vnni {
     #[inline(always)]
