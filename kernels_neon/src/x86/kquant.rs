@@ -358,58 +358,42 @@ macro_rules! k_kernels {
     };
 }
 
-k_kernels!(
-    Avx2,
-    Q4K,
-    BlockQ4K,
-    vec_dot_q4_k_q8_k,
-    matvec_q4_k_q8_k,
-    matmul_q4_k_q8_k
-);
-k_kernels!(
-    Avx2,
-    Q5K,
-    BlockQ5K,
-    vec_dot_q5_k_q8_k,
-    matvec_q5_k_q8_k,
-    matmul_q5_k_q8_k
-);
-k_kernels!(
-    Avx2,
-    Q6K,
-    BlockQ6K,
-    vec_dot_q6_k_q8_k,
-    matvec_q6_k_q8_k,
-    matmul_q6_k_q8_k
-);
+/// The three formats' entry points over one way of adding the scaled pairs.
+macro_rules! k_formats {
+    ($madd:ty) => {
+        k_kernels!(
+            $madd,
+            Q4K,
+            BlockQ4K,
+            vec_dot_q4_k_q8_k,
+            matvec_q4_k_q8_k,
+            matmul_q4_k_q8_k
+        );
+        k_kernels!(
+            $madd,
+            Q5K,
+            BlockQ5K,
+            vec_dot_q5_k_q8_k,
+            matvec_q5_k_q8_k,
+            matmul_q5_k_q8_k
+        );
+        k_kernels!(
+            $madd,
+            Q6K,
+            BlockQ6K,
+            vec_dot_q6_k_q8_k,
+            matvec_q6_k_q8_k,
+            matmul_q6_k_q8_k
+        );
+    };
+}
+
+k_formats!(Avx2);
 
 /// The `avx512vnni` table's K-quant products: the AVX2 code with `vpdpwssd`.
 pub(super) mod vnni {
     use super::*;
-    k_kernels!(
-        Vnni,
-        Q4K,
-        BlockQ4K,
-        vec_dot_q4_k_q8_k,
-        matvec_q4_k_q8_k,
-        matmul_q4_k_q8_k
-    );
-    k_kernels!(
-        Vnni,
-        Q5K,
-        BlockQ5K,
-        vec_dot_q5_k_q8_k,
-        matvec_q5_k_q8_k,
-        matmul_q5_k_q8_k
-    );
-    k_kernels!(
-        Vnni,
-        Q6K,
-        BlockQ6K,
-        vec_dot_q6_k_q8_k,
-        matvec_q6_k_q8_k,
-        matmul_q6_k_q8_k
-    );
+    k_formats!(Vnni);
 }
 
 const _: () = assert!(QK_K == 256);

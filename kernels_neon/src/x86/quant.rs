@@ -10,7 +10,7 @@
 //! value of largest magnitude, `iscale = -127 / max`, and `nearest_int`'s magic-number
 //! rounding, which is the same bit operations on a vector.
 
-use super::simd::{hsum_epi32, load_ps, store_i8x32, store_ps};
+use super::simd::{hmax_ps, hsum_epi32, load_ps, store_i8x32, store_ps};
 use crate::block::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8_0, QK8_1, f16};
 use std::arch::x86_64::*;
 
@@ -59,9 +59,7 @@ fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
         for v in c {
             m = _mm256_max_ps(_mm256_andnot_ps(sign, load_ps(v)), m);
         }
-        let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        let amax = _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+        let amax = hmax_ps(m);
         if amax == 0.0 {
             *yb = BlockQ8K::default();
             continue;
@@ -219,9 +217,7 @@ fn block_amax(v: &[__m256; 4]) -> f32 {
     );
     let m = _mm256_max_ps(m01, m23);
     // No NaN left: any reduction order.
-    let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+    hmax_ps(m)
 }
 
 /// `round(v * id) as i8` for the 32 values, as 4×8 i32 in `-128..=127`.
