@@ -380,6 +380,23 @@ fn quantize_cli() {
     ]));
     assert!(e.contains("x.gguf"), "{e}");
 
+    // The Q8_0 output is already quantized: quantizing it again is refused unless asked for,
+    // and then warned about.
+    let q4 = dir.path().join("q4.gguf");
+    let q4s = q4.to_str().unwrap();
+    let e = assert_clean_error(&edgellm(&["quantize", o, q4s, "q4_0"]));
+    assert!(
+        e.contains("1 of 1 tensors are already quantized")
+            && e.contains("blk.0.attn_q.weight Q8_0 -> Q4_0")
+            && e.contains("--allow-requantize"),
+        "{e}"
+    );
+    assert!(!q4.exists(), "nothing written when refused");
+    let r = edgellm(&["quantize", "--allow-requantize", o, q4s, "q4_0"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(stderr(&r).contains("warning:"), "{}", stderr(&r));
+    assert!(q4.exists());
+
     let help = stdout(&edgellm(&["quantize", "--help"]));
     assert!(
         help.contains("q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m or f16")

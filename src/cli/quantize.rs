@@ -1,7 +1,8 @@
 //! `edgellm quantize IN OUT TYPE`.
 
 use super::CliResult;
-use edgellm::quantize::{Progress, QuantType, quantize_file};
+use edgellm::gguf::{Gguf, OpenOptions};
+use edgellm::quantize::{Progress, QuantType, plan, quantize_file, requantized};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -23,7 +24,12 @@ byte-identical too. The K-quant and Q5 data equal ggml's reference code; a llama
 fuses multiply-adds may differ in the last bit of a few scales. OUT is written to OUT.tmp and
 renamed when complete.
 
-Example: edgellm quantize smollm2-135m-q4_1.gguf smollm2-135m-q4_0.gguf q4_0")]
+An input whose weights are already quantized (a Q4_K_M or Q4_1 file, say) is refused unless
+--allow-requantize is given: every rounding adds its error to the last one, so a file made that
+way answers worse than one quantized once from F16 (measure it: `edgellm perplexity
+--kl-divergence`). Quantize from the F16/BF16 original where there is one.
+
+Example: edgellm quantize model-f16.gguf model-q4_0.gguf q4_0")]
 pub struct Args {
     /// Input model (.gguf).
     input: PathBuf,
@@ -32,6 +38,10 @@ pub struct Args {
     /// Weight format: q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m or f16.
     #[arg(value_name = "TYPE")]
     ty: QuantType,
+    /// Quantize weights that are already quantized again (a warning says how many); without
+    /// it such an input is refused, as llama-quantize refuses it.
+    #[arg(long)]
+    allow_requantize: bool,
     /// No progress bar even on a terminal.
     #[arg(long, short)]
     quiet: bool,
@@ -46,6 +56,7 @@ pub fn run(a: Args) -> CliResult {
     {
         return Err(format!("{}: output must differ from the input", a.output.display()).into());
     }
+    check_requantization(&a)?;
     let show = !a.quiet && std::io::stderr().is_terminal();
     let start = std::time::Instant::now();
     let summary = quantize_file(&a.input, &a.output, a.ty, |p| {
@@ -64,6 +75,40 @@ pub fn run(a: Args) -> CliResult {
             mib(summary.bytes_in),
             mib(summary.bytes_out),
             start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses an input whose quantized weights would be rounded again, or with
+/// --allow-requantize warns how many are.
+fn check_requantization(a: &Args) -> CliResult {
+    let src = Gguf::open(&a.input, &OpenOptions::new())?;
+    let plan = plan(&src, a.ty);
+    let again: Vec<_> = requantized(&plan).collect();
+    let Some(first) = again.first() else {
+        return Ok(());
+    };
+    let what = format!(
+        "{} of {} tensors are already quantized and would be quantized again (e.g. {} {} -> {})",
+        again.len(),
+        plan.len(),
+        first.name,
+        first.from.name(),
+        first.to.name()
+    );
+    if !a.allow_requantize {
+        return Err(format!(
+            "{}: {what}; this loses quality on top of the first quantization. Quantize from the \
+             F16/BF16 original, or pass --allow-requantize to do it anyway",
+            a.input.display()
+        )
+        .into());
+    }
+    if !a.quiet {
+        eprintln!(
+            "edgellm: warning: {}: {what}; the output carries both roundings' error",
+            a.input.display()
         );
     }
     Ok(())

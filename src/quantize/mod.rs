@@ -45,6 +45,15 @@ pub struct Summary {
     pub bytes_out: u64,
 }
 
+/// The tensors `plan` would quantize again from an already quantized format (Q4_0, Q4_K, …),
+/// not from F32, F16 or BF16. Each rounding loses precision on top of the last one, so
+/// `llama-quantize` refuses this without `--allow-requantize`, and so does `edgellm quantize`.
+pub fn requantized<'a>(plan: &'a [TensorPlan]) -> impl Iterator<Item = &'a TensorPlan> {
+    plan.iter().filter(|p| {
+        !p.is_copy() && !matches!(p.from, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    })
+}
+
 /// Quantizes `input` into `output` (written atomically: a temporary file renamed into place).
 pub fn quantize_file(
     input: &Path,
