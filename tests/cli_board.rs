@@ -334,3 +334,50 @@ fn list_names_every_profile_and_show_gives_one_with_its_estimates() {
         "{e}"
     );
 }
+
+/// A copy of a recorded board's tree with its cpuinfo changed by `edit`.
+fn edited_tree(board: &str, edit: impl Fn(&str) -> String) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                copy(&e.path(), &to.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(&tree(board), dir.path());
+    let info = dir.path().join("proc/cpuinfo");
+    let text = std::fs::read_to_string(&info).unwrap();
+    let changed = edit(&text);
+    assert_ne!(changed, text, "{board}: the edit changed nothing");
+    std::fs::write(&info, changed).unwrap();
+    dir
+}
+
+/// A CPU that runs a faster path than its profile names (the gateway profile's AVX2 on a CPU
+/// with AVX-512 VNNI) is no warning; a CPU without the profile's path (a Pi 5 without the dot
+/// product) is, naming both.
+#[test]
+fn only_a_cpu_that_lacks_the_profiles_kernel_path_is_warned_about() {
+    let faster = edited_tree("x86-64-gateway", |t| {
+        t.replace(" avx2 ", " avx2 avx512_vnni avx512vl ")
+    });
+    let v = detect(faster.path());
+    assert_eq!(v["profile"], "x86-64-gateway", "{v}");
+    assert_eq!(v["kernels"], "avx512vnni", "{v}");
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
+
+    let slower = edited_tree("rpi5", |t| t.replace(" asimddp", ""));
+    let v = detect(slower.path());
+    assert_eq!(v["profile"], "rpi5", "{v}");
+    assert_eq!(v["kernels"], "neon", "{v}");
+    let w = v["warnings"].to_string();
+    assert!(
+        w.contains("profile rpi5 expects kernel path dotprod, this CPU runs only neon"),
+        "{w}"
+    );
+}

@@ -95,6 +95,19 @@ impl Path {
         }
     }
 
+    /// Whether a CPU that runs this path runs `other` too: `other` is the reference or the
+    /// portable path (they run anywhere), or of the same family (aarch64's paths build on one
+    /// another, as x86's do) and no faster.
+    pub fn includes(self, other: Path) -> bool {
+        let family = |p: Path| match p {
+            Path::Reference | Path::Portable => 0,
+            Path::Neon | Path::Dotprod | Path::I8mm => 1,
+            Path::Avx2 | Path::Avx512Vnni => 2,
+        };
+        let rank = |p: Path| Path::ALL.iter().position(|&q| q == p);
+        family(other) == 0 || (family(self) == family(other) && rank(other) <= rank(self))
+    }
+
     /// The paths this CPU can run, slowest first.
     pub fn available() -> Vec<Path> {
         Path::ALL.into_iter().filter(|p| p.is_available()).collect()

@@ -717,3 +717,14 @@ fn forcing_an_unknown_or_unavailable_path_is_a_clear_error() {
     );
     assert_eq!(REFERENCE.path, Path::Reference);
 }
+
+/// A CPU's best path runs the slower paths of its own family and the portable ones, never a
+/// faster one or another architecture's.
+#[test]
+fn a_path_includes_the_slower_paths_of_its_family() {
+    use kernels_neon::Path::*;
+    assert!(I8mm.includes(Neon) && I8mm.includes(Dotprod) && I8mm.includes(I8mm));
+    assert!(Avx512Vnni.includes(Avx2) && Avx2.includes(Portable) && Neon.includes(Reference));
+    assert!(!Neon.includes(Dotprod) && !Avx2.includes(Avx512Vnni));
+    assert!(!Avx512Vnni.includes(Neon) && !I8mm.includes(Avx2) && !Portable.includes(Neon));
+}

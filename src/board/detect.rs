@@ -81,6 +81,8 @@ pub struct Core {
 pub struct Detection {
     /// The profile this board gets, if any fits.
     pub profile: Option<String>,
+    /// That profile's default model (`Profile::default_model`).
+    pub default_model: Option<String>,
     /// Why that profile: `device-tree compatible "brcm,bcm2711"`, `arch x86_64`.
     pub matched_by: Option<String>,
     /// The device tree's model (or cpuinfo's `Model`/`model name` line).
@@ -331,20 +333,28 @@ pub fn detect(tree: &Tree, hwcaps: Option<&[&str]>) -> Detection {
         .or(cpuinfo_model)
         .or_else(|| blocks.iter().find_map(|b| b.model_name.clone()));
 
-    let (profile, matched_by) = match choose(profiles(), &compatible, arch) {
+    let (profile, default_model, matched_by) = match choose(profiles(), &compatible, arch) {
         Some((p, why)) => {
-            if p.kernels != kernels.name() {
+            // A faster path of the same family is the CPU doing better than the board's:
+            // worth knowing (`kernels` says it), not a warning.
+            let runs = kernels_neon::Path::parse(&p.kernels).is_ok_and(|k| kernels.includes(k));
+            if !runs {
                 warnings.push(format!(
-                    "profile {} expects kernel path {}, this CPU allows {kernels}",
+                    "profile {} expects kernel path {}, this CPU runs only {kernels}",
                     p.name, p.kernels
                 ));
             }
-            (Some(p.name.clone()), Some(why))
+            (
+                Some(p.name.clone()),
+                Some(p.default_model.clone()),
+                Some(why),
+            )
         }
-        None => (None, None),
+        None => (None, None, None),
     };
     Detection {
         profile,
+        default_model,
         matched_by,
         model,
         compatible,

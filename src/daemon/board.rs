@@ -50,10 +50,21 @@ pub fn usable_cpus(p: &Profile) -> Vec<usize> {
     usable
 }
 
-/// A warning when the kernel path running differs from the one the board's CPU should run
-/// (a profile for another board, an emulator's CPU model, or `EDGELLM_KERNELS` forcing one).
+/// A warning when the kernel path running is not one the board's CPU would run (a profile for
+/// another board, an emulator's CPU model, or `EDGELLM_KERNELS` forcing a slower one); a faster
+/// path of the same family is only logged.
 pub fn check_kernels(p: &Profile, running: &str) {
-    if p.kernels != running {
+    let faster = kernels_neon::Path::parse(running)
+        .ok()
+        .zip(kernels_neon::Path::parse(&p.kernels).ok())
+        .is_some_and(|(r, want)| r.includes(want));
+    if faster && p.kernels != running {
+        tracing::info!(
+            "board {} names kernel path {}; this CPU runs the faster {running}",
+            p.name,
+            p.kernels
+        );
+    } else if p.kernels != running {
         tracing::warn!(
             "board {} expects kernel path {}, but this CPU runs {running}: decoding speed will \
              not be the board's",
