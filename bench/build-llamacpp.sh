@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-simple and llama-completion OUTSIDE the repo, from the
-# source that PyPI's llama-cpp-python 0.3.36 vendors (llama.cpp 0c1e57098, the commit of
-# tests/data's reference vectors). Idempotent; prints the build directory.
+# Builds llama.cpp's llama-bench, llama-simple, llama-completion, llama-perplexity and
+# llama-tokenize OUTSIDE the repo, from the source that PyPI's llama-cpp-python 0.3.36 vendors
+# (llama.cpp 0c1e57098, the commit of tests/data's reference vectors; bench/llamacpp-vectors.sh
+# links its libraries). Idempotent; prints the build directory.
 # Usage: bench/build-llamacpp.sh [--source-only]
 #   --source-only: only download and unpack the source (seconds, no cmake), print its directory:
 #        what tests/tokenizer_llama_vocabs.rs needs (llama.cpp's models/ggml-vocab-* files)
@@ -34,7 +35,7 @@ fetch_source() {
     fi
 }
 if [ "$source_only" = 1 ]; then fetch_source; echo "$src"; exit 0; fi
-targets=(llama-bench llama-simple llama-completion)
+targets=(llama-bench llama-simple llama-completion llama-perplexity llama-tokenize)
 missing=()
 for t in "${targets[@]}"; do [ -x "$build/bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$build"; exit 0; fi

