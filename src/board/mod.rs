@@ -86,6 +86,11 @@ pub struct Profile {
     pub memory_note: String,
     pub serial: SerialDefaults,
     pub bandwidth: Bandwidth,
+    /// The model `edgellm serve` runs when none is given, a `file` of `models/models.toml`:
+    /// of the models shipped as published (none made by requantizing), the best answer-quality
+    /// score that fits `memory_budget_mib` at ctx 2048 and whose decode estimate here is at
+    /// least [`MIN_DEFAULT_TPS`] (`tests/board_profiles.rs` checks the choice).
+    pub default_model: String,
     /// One per model of `models/models.toml`.
     pub estimate: Vec<Estimate>,
 }
@@ -109,6 +114,10 @@ impl Profile {
         self.estimate.iter().find(|e| e.file == file)
     }
 }
+
+/// The slowest decode estimate, tokens/s, a board's default model may have: slower than this
+/// an answer of a few sentences takes longer than a technician or a PLC's timeout waits.
+pub const MIN_DEFAULT_TPS: f64 = 5.0;
 
 /// The profiles' sources, compiled in: (name, TOML).
 pub const SOURCES: [(&str, &str); 6] = [
@@ -138,6 +147,12 @@ pub fn parse(text: &str) -> Result<Profile, String> {
         {
             return Err(format!("threads {t} > the {} CPUs of cpus", cpus.len()));
         }
+    }
+    if p.estimate_for(&p.default_model).is_none() {
+        return Err(format!(
+            "default_model {:?} has no [[estimate]]",
+            p.default_model
+        ));
     }
     let gbs_ok = p.bandwidth.gbs.is_finite() && p.bandwidth.gbs > 0.0;
     if p.threads == Some(0) || p.memory_budget_mib == 0 || !gbs_ok {

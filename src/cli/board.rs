@@ -92,6 +92,7 @@ fn show(p: &Profile) -> String {
         line("matches:", p.compatible.join(", "));
     }
     line("kernels:", p.kernels.clone());
+    line("default:", p.default_model.clone());
     line(
         "threads:",
         p.threads
@@ -125,10 +126,15 @@ fn show(p: &Profile) -> String {
         "ESTIMATES (bandwidth / weight bytes per token), not measured on the board".into(),
     );
     for e in &p.estimate {
+        let default = if e.file == p.default_model {
+            "  default"
+        } else {
+            ""
+        };
         line(
             "",
             format!(
-                "{:<26} {:>7.1} tok/s  ({:.1} MiB read per token)",
+                "{:<40} {:>7.1} tok/s  ({:.1} MiB read per token){default}",
                 e.file,
                 e.decode_tps,
                 e.weight_bytes as f64 / (1u64 << 20) as f64
@@ -175,6 +181,12 @@ fn detected(d: &Detection) -> String {
             _ => "none (unknown architecture)".into(),
         },
     );
+    if let Some(m) = &d.default_model {
+        line(
+            "default:",
+            format!("{m} (the model serve runs when given none)"),
+        );
+    }
     line(
         "model:",
         d.model.clone().unwrap_or_else(|| "unknown".into()),

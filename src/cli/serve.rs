@@ -7,8 +7,8 @@ use std::path::PathBuf;
 /// Run the appliance: load the model once, answer requests over MQTT and serial ports until
 /// stopped.
 ///
-/// With no configuration at all it serves the default model (SmolLM2-135M Q4_0 from the
-/// models/ cache) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
+/// With no configuration at all it serves the board's default model (`edgellm board detect`
+/// names it; looked for in the models/fetch.sh cache, then /usr/share/edgellm/models) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
 /// 1884), so one command brings up a working appliance offline. Flags override the file.
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -33,7 +33,8 @@ pub struct Args {
     /// Validate the configuration (and that the model file exists), print it, exit.
     #[arg(long)]
     check: bool,
-    /// Model file (.gguf); default: the models/ cache's SmolLM2-135M Q4_0.
+    /// Model file (.gguf); default: the board's default model (`edgellm board detect`), from
+    /// the models/fetch.sh cache or /usr/share/edgellm/models.
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// The broker: HOST:PORT, `embedded` (start one on 127.0.0.1) or `off`.
@@ -68,13 +69,40 @@ pub struct Args {
     chat_template: Option<PathBuf>,
 }
 
-/// The default model: where `models/fetch.sh` puts it.
-fn default_model() -> PathBuf {
+/// Where a model named by file only is looked for: the cache `models/fetch.sh` fills, then
+/// where the packages install models.
+fn model_dirs() -> Vec<PathBuf> {
     let cache = std::env::var_os("EDGELLM_CACHE")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/edgellm")))
-        .unwrap_or_else(|| PathBuf::from("/var/lib/edgellm"));
-    cache.join("models/smollm2-135m-q4_0.gguf")
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/edgellm")));
+    cache
+        .map(|c| c.join("models"))
+        .into_iter()
+        .chain([PathBuf::from("/usr/share/edgellm/models")])
+        .collect()
+}
+
+/// The board's default model (`model.board`, else the detected board's profile) and the
+/// place it is found at, or the first place it was looked for.
+fn default_model(cfg: &Config) -> (String, &'static str, PathBuf) {
+    let profile = cfg.board().or_else(|| {
+        let tree = edgellm::board::Tree::read(std::path::Path::new("/"));
+        let caps = kernels_neon::cpu_features();
+        let name = edgellm::board::detect(&tree, Some(caps.as_slice())).profile?;
+        edgellm::board::get(&name).ok()
+    });
+    // Every architecture has a generic profile; a machine detection cannot place gets the
+    // smallest shipped model.
+    let (board, file) = profile.map_or(("none", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), |p| {
+        (p.name.as_str(), p.default_model.as_str())
+    });
+    let dirs = model_dirs();
+    let path = dirs
+        .iter()
+        .map(|d| d.join(file))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| dirs[0].join(file));
+    (file.to_owned(), board, path)
 }
 
 /// The configuration this invocation asks for: the file (or the default) with the flags on it.
@@ -98,18 +126,23 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
     if let Some(addr) = a.modbus_tcp {
         cfg.modbus.tcp = Some(addr);
     }
-    let model = cfg.model.path.clone().unwrap_or_else(default_model);
-    if !model.is_file() {
-        return Err(if cfg.model.path.is_none() {
-            format!(
-                "no model at {}: fetch the default model with models/fetch.sh, or give --model \
-                 (or model.path in the configuration)",
-                model.display()
-            )
-        } else {
-            format!("{}: no such model file", model.display())
-        });
-    }
+    let model = match cfg.model.path.clone() {
+        Some(path) if path.is_file() => path,
+        Some(path) => return Err(format!("{}: no such model file", path.display())),
+        None => {
+            let (file, board, path) = default_model(&cfg);
+            if !path.is_file() {
+                return Err(format!(
+                    "no model at {}: board {board}'s default model is {file}; fetch it with \
+                     `models/fetch.sh default` (or copy it to /usr/share/edgellm/models), or \
+                     give --model (or model.path in the configuration)",
+                    path.display()
+                ));
+            }
+            tracing::info!(board, model = %path.display(), "no model given: the board's default");
+            path
+        }
+    };
     Ok((cfg, model))
 }
 
