@@ -1,8 +1,9 @@
 //! Chat templates: the model's own `tokenizer.chat_template` (Jinja) rendered with minijinja,
 //! set up the way Hugging Face's `apply_chat_template` runs Jinja2 (`trim_blocks`,
 //! `lstrip_blocks`, `{% break %}`/`{% continue %}`, `raise_exception`, `strftime_now`, Python
-//! string methods such as `.strip()` through minijinja-contrib's pycompat), so the prompt text
-//! is the reference's.
+//! string methods such as `.strip()` through minijinja-contrib's pycompat, and what
+//! [`super::jinja2_compat`] adds: `{% generation %}`, transformers' `tojson`, Python's
+//! `iterable`/`sequence`/`number` tests), so the prompt text is the reference's.
 //!
 //! A template that injects a default system prompt (SmolLM2's does) keeps doing so: nothing is
 //! special-cased here. A caller's system prompt override is just a system message
@@ -74,7 +75,9 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", super::strftime::strftime_now);
-        env.add_template_owned(NAME, source.to_string())
+        super::jinja2_compat::install(&mut env);
+        let compiled = super::jinja2_compat::generation_as_with(source).into_owned();
+        env.add_template_owned(NAME, compiled)
             .map_err(template_error)?;
         Ok(ChatTemplate {
             env,
