@@ -10,6 +10,10 @@
 #   - packaging and the emulated board: cargo-deb (from crates.io, pinned), file, python3-venv
 #     (oelint-adv and kas from PyPI, by scripts/check-yocto.sh), mmdebstrap with arch-test and
 #     binfmt-support (the board's arm64 root filesystem), qemu-system-arm (the board itself)
+#   - python3-jinja2: tests/chat_templates_jinja2.rs renders chat templates with Python's Jinja2 as
+#     Hugging Face's apply_chat_template does. Debian's package for /usr/bin/python3 rather than
+#     a venv from PyPI: no network at test time, one version per Debian release (3.1.2 on 12,
+#     which transformers accepts: it needs 3.1), and nothing to rebuild when the cache is wiped
 #   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
 set -euo pipefail
 
@@ -20,7 +24,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
 for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl socat mbpoll unzip \
-         g++-aarch64-linux-gnu file python3-venv mmdebstrap arch-test binfmt-support qemu-system-arm e2fsprogs; do
+         g++-aarch64-linux-gnu file python3-venv python3-jinja2 mmdebstrap arch-test binfmt-support qemu-system-arm e2fsprogs; do
     have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

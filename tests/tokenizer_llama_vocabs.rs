@@ -42,25 +42,9 @@ const UNSUPPORTED: &[(&str, &str, &str)] = &[
     // None today. An entry: ("name", "why it is refused", "a piece of the load error").
 ];
 
-/// The llama.cpp source tree: `$EDGELLM_LLAMACPP_SRC`, else where bench/build-llamacpp.sh
-/// unpacks it (`$LLAMACPP_DIR`, default ~/.cache/edgellm/llama.cpp).
-fn llama_cpp_src() -> PathBuf {
-    if let Some(dir) = std::env::var_os("EDGELLM_LLAMACPP_SRC") {
-        return PathBuf::from(dir);
-    }
-    let root = std::env::var_os("LLAMACPP_DIR").map_or_else(
-        || {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/edgellm/llama.cpp")
-        },
-        PathBuf::from,
-    );
-    root.join("llama-cpp-python-0.3.36/vendor/llama.cpp")
-}
-
 /// `models/` of the llama.cpp tree; panics saying how to get it when it is missing.
 fn models_dir() -> PathBuf {
-    let dir = llama_cpp_src().join("models");
+    let dir = common::llama_cpp_src().join("models");
     assert!(
         dir.join("ggml-vocab-gpt-2.gguf.inp").is_file(),
         "{} has no llama.cpp vocab test files: run `bench/build-llamacpp.sh --source-only` \

@@ -1,7 +1,9 @@
 //! Chat templates: the model's own `tokenizer.chat_template` (Jinja) rendered with minijinja,
 //! set up the way Hugging Face's `apply_chat_template` runs Jinja2 (`trim_blocks`,
-//! `lstrip_blocks`, `raise_exception`, `strftime_now`, Python string methods such as
-//! `.strip()` through minijinja-contrib's pycompat), so the prompt text is the reference's.
+//! `lstrip_blocks`, `{% break %}`/`{% continue %}`, `raise_exception`, `strftime_now`, Python
+//! string methods such as `.strip()` through minijinja-contrib's pycompat, and what
+//! [`super::jinja2_compat`] adds: `{% generation %}`, transformers' `tojson`, Python's
+//! `iterable`/`sequence`/`number` tests), so the prompt text is the reference's.
 //!
 //! A template that injects a default system prompt (SmolLM2's does) keeps doing so: nothing is
 //! special-cased here. A caller's system prompt override is just a system message
@@ -73,7 +75,9 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", super::strftime::strftime_now);
-        env.add_template_owned(NAME, source.to_string())
+        super::jinja2_compat::install(&mut env);
+        let compiled = super::jinja2_compat::generation_as_with(source).into_owned();
+        env.add_template_owned(NAME, compiled)
             .map_err(template_error)?;
         Ok(ChatTemplate {
             env,
@@ -139,8 +143,13 @@ impl ChatTemplate {
             limit: output_bound(messages.len(), text_bytes),
             full: false,
         };
+        // What transformers' apply_chat_template passes without tools or documents: both are
+        // there, as None. A template's `tools is not none and tools|length > 0` (Apriel's)
+        // fails on an undefined `tools`, and `tools is defined` must hold as it does there.
         let ctx = context! {
             messages => messages,
+            tools => Value::from(()),
+            documents => Value::from(()),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
@@ -514,6 +523,44 @@ mod tests {
         assert!(t.render(&big, false).is_err(), "4 MB from 1200 bytes");
         let big: Vec<ChatMessage> = (0..50).map(|_| ChatMessage::new("user", "xx")).collect();
         assert_eq!(t.render(&big, false).unwrap().len(), 50 * 20_000);
+    }
+
+    #[test]
+    fn loop_controls_work_and_stay_within_the_bounds() {
+        let msgs = [
+            ChatMessage::new("system", "s"),
+            ChatMessage::new("user", "a"),
+            ChatMessage::new("assistant", "b"),
+            ChatMessage::new("user", "c"),
+        ];
+        let src = "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}\
+                   {{ m.content }}{% if m.role == 'assistant' %}{% break %}{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(t.render(&msgs, false).unwrap(), "ab");
+        let hi = [ChatMessage::new("user", "hi")];
+        // A loop that only ever continues still spends fuel on every turn…
+        let spin = "{% for i in range(100000) %}{% for j in range(100000) %}{% continue %}\
+                    {% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(spin, "", "").unwrap();
+        let err = t.render(&hi, true).unwrap_err().to_string();
+        assert!(err.contains("more than 101000 steps"), "{err}");
+        // …and one that writes before breaking late is stopped by the output bound.
+        let flood = "{% for i in range(1000) %}{{ 'x' * 100000 }}{% if i == 999 %}{% break %}\
+                     {% endif %}{% endfor %}";
+        let t = ChatTemplate::new(flood, "", "").unwrap();
+        let err = t.render(&hi, true).unwrap_err().to_string();
+        assert!(err.contains("wrote more than"), "{err}");
+    }
+
+    #[test]
+    fn tools_and_documents_are_none_as_transformers_passes_them() {
+        let src = "{{ tools is defined }} {{ tools is none }} {{ documents is none }} \
+                   {% if tools is not none and tools|length > 0 %}tools{% endif %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "x")], false).unwrap(),
+            "True True True "
+        );
     }
 
     #[test]

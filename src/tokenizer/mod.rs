@@ -34,6 +34,7 @@ mod detok;
 mod encode;
 mod gguf;
 mod index;
+mod jinja2_compat;
 mod pretokenize;
 mod queue;
 mod regex_stages;

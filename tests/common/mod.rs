@@ -113,6 +113,48 @@ pub fn model_path(quant: &str) -> PathBuf {
     p
 }
 
+/// The llama.cpp source tree: `$EDGELLM_LLAMACPP_SRC`, else where bench/build-llamacpp.sh
+/// unpacks it (`$LLAMACPP_DIR`, default ~/.cache/edgellm/llama.cpp). Callers check that what
+/// they need is there and fail saying to run `bench/build-llamacpp.sh --source-only`.
+pub fn llama_cpp_src() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EDGELLM_LLAMACPP_SRC") {
+        return PathBuf::from(dir);
+    }
+    let root = std::env::var_os("LLAMACPP_DIR").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home).join(".cache/edgellm/llama.cpp")
+        },
+        PathBuf::from,
+    );
+    root.join("llama-cpp-python-0.3.36/vendor/llama.cpp")
+}
+
+/// A model file that models/fetch.sh does not know (yet): `$EDGELLM_MODEL_DIR/file`, else
+/// `${EDGELLM_CACHE:-~/.cache/edgellm}/models/file`. Panics naming the path when it is absent.
+pub fn cached_model(file: &str) -> PathBuf {
+    let dir = match std::env::var_os("EDGELLM_MODEL_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::var_os("EDGELLM_CACHE")
+            .map_or_else(
+                || {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/edgellm")
+                },
+                PathBuf::from,
+            )
+            .join("models"),
+    };
+    let p = dir.join(file);
+    assert!(
+        p.is_file(),
+        "{} is missing: models/fetch.sh does not fetch {file}; put it there (or point \
+         EDGELLM_MODEL_DIR at a directory that has it)",
+        p.display()
+    );
+    p
+}
+
 /// A tiny synthetic model (`synth_model_bytes(spec)`) whose vocabulary holds the printable
 /// ASCII characters at ids 3..97, so that `--prompt` text tokenizes one character per token.
 pub fn ascii_synth_model_bytes(spec: &edgellm::model::synth::SynthSpec) -> Vec<u8> {
