@@ -28,7 +28,7 @@ use std::time::Instant;
         .help("Window length in tokens (llama-perplexity's -c): the text is cut into windows \
                of this many tokens, each scored on its second half")),
     after_help = "\
-The text (one trailing newline dropped, as llama-perplexity's -f) is tokenized with BOS and cut \
+The text (one trailing newline dropped, as llama-perplexity's -f) is tokenized and cut \
 into windows of --ctx tokens; each window is evaluated from an empty cache, its first token \
 replaced by BOS when the model adds one, and the predictions of its second half are scored. \
 The running perplexity is printed after each window as [window]value, then \

@@ -510,7 +510,7 @@ mod tests {
             b[field..field + 4].copy_from_slice(&value.to_le_bytes());
             let crc = CRC.checksum(&b[..64]);
             b[64..].copy_from_slice(&crc.to_le_bytes());
-            let e = Header::decode(&b).err().expect("refused");
+            let e = Header::decode(&b).expect_err("refused");
             assert!(matches!(e, TopKError::Header(_)), "{field}={value}: {e}");
         }
     }
