@@ -39,11 +39,13 @@ fn qwen() -> PathBuf {
     p
 }
 
-/// Runs `edgellm perplexity -t 2 ARGS`; returns stdout, panicking with stderr on failure.
+/// Runs `edgellm perplexity -t 1 ARGS` (one thread: the harness runs the four tests side by
+/// side, and on two cores more threads would only wait on each other); returns stdout,
+/// panicking with stderr on failure.
 fn perplexity(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
         .arg("perplexity")
-        .args(["-t", "2"])
+        .args(["-t", "1"])
         .args(args)
         .output()
         .expect("run edgellm");
@@ -233,7 +235,7 @@ fn a_reference_saved_from_another_text_or_window_is_refused() {
     ]);
     let refused = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))
-            .args(["perplexity", "-t", "2", "-m", m, "--kl-divergence", r])
+            .args(["perplexity", "-t", "1", "-m", m, "--kl-divergence", r])
             .args(args)
             .output()
             .unwrap();
