@@ -11,6 +11,7 @@
 //! | [`gguf`] | mmapped, bounds-checked model files; writer | `kernels_neon` |
 //! | [`kv`], [`tokenizer`], [`quantize`] | KV cache and its snapshots; tokenizers and chat templates; requantization | `gguf`, `kernels_neon` |
 //! | [`runtime`] | thread pool, per-op profiler | nothing of ours but `kernels_neon` |
+//! | [`eval`] | perplexity and KL-divergence arithmetic; saved reference logits | nothing of ours |
 //! | [`board`] | board profiles (compiled in), detecting the board from `/proc` and `/sys` | nothing of ours but `kernels_neon` |
 //! | [`model`] | hyper-parameters, weight views, the forward pass | all of the above |
 //! | [`engine`] | sessions, sampler, generate loop, session store | `model` and below |
@@ -28,6 +29,7 @@ pub mod audit;
 pub mod board;
 pub mod daemon;
 pub mod engine;
+pub mod eval;
 pub mod gguf;
 pub mod kv;
 pub mod model;

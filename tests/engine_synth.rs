@@ -324,3 +324,64 @@ fn sliding_window_rings_match_the_golden_pass_through_shifts_and_rewinds() {
         }
     }
 }
+
+/// `feed_each` hands over, for every position asked for, the bits `feed` returns after that
+/// token: on every kernel path, with the vocabulary cut into ragged slices (517 is no multiple
+/// of the slice length nor of a packed group) or in whole packed groups (300), and when the
+/// last chunk of the prefix is a single token (the fused decode products).
+#[test]
+fn every_positions_logits_are_the_bits_feed_returns_after_that_token() {
+    let mut specs = specs();
+    specs.push(SynthSpec {
+        n_vocab: 517,
+        seed: 33,
+        ..Default::default()
+    });
+    for spec in specs {
+        let model = Arc::new(synth_model(&spec));
+        let toks = tokens(25, spec.n_vocab);
+        for p in Path::available() {
+            let cfg = EngineConfig {
+                n_ctx: 64,
+                chunk: 8,
+                threads: 2,
+                kv_type: KvType::F16,
+            };
+            let k = Kernels::for_path(p).unwrap();
+            let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();
+            let mut room = vec![0.0; e.logits_room()];
+            let mut s = e.new_session();
+            let mut all = Vec::new();
+            e.feed_each(&mut s, &toks, 5, &mut room, |i, l| {
+                all.push((i, l.to_vec()))
+            })
+            .unwrap();
+            assert_eq!(s.tokens(), &toks[..], "every token is fed");
+            let at: Vec<usize> = all.iter().map(|(i, _)| *i).collect();
+            assert_eq!(at, (5..25).collect::<Vec<_>>());
+            for (i, got) in all {
+                let mut s = e.new_session();
+                let want = e.feed(&mut s, &toks[..=i]).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(want.iter())
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{spec:?} path {p}: position {i} differs from feed"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn feed_each_refuses_a_room_too_small_for_a_pass() {
+    let spec = SynthSpec::default();
+    let model = Arc::new(synth_model(&spec));
+    let mut e = engine(&model, 1, 8, KvType::F16);
+    let mut room = vec![0.0; e.logits_room() - 1];
+    let mut s = e.new_session();
+    let err = e
+        .feed_each(&mut s, &tokens(9, spec.n_vocab), 0, &mut room, |_, _| {})
+        .unwrap_err();
+    assert!(err.to_string().contains("logits room"), "{err}");
+}

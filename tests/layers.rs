@@ -17,7 +17,7 @@ const FRONT_END: &[&str] = &[
 
 /// Each layer with the modules of ours it may use (kernels_neon is a separate crate that
 /// cannot depend on us, so it is not listed).
-const LAYERS: [(&str, &[&str]); 14] = [
+const LAYERS: [(&str, &[&str]); 15] = [
     ("gguf", &[]),
     ("kv", &["gguf"]),
     ("tokenizer", &["gguf"]),
@@ -26,6 +26,9 @@ const LAYERS: [(&str, &[&str]); 14] = [
     // Board profiles and detection: pure data and parsing, for the daemon and the CLI only
     // (the engine gets the profile's CPUs and threads as plain numbers).
     ("board", &[]),
+    // Perplexity and KL-divergence arithmetic, the saved-reference file: for the CLI, which
+    // feeds the engine and hands each position's logits over.
+    ("eval", &[]),
     ("model", &["gguf", "kv", "tokenizer", "runtime"]),
     ("engine", &["gguf", "kv", "tokenizer", "runtime", "model"]),
     (
@@ -72,6 +75,7 @@ const LAYERS: [(&str, &[&str]); 14] = [
             "quantize",
             "runtime",
             "board",
+            "eval",
             "model",
             "engine",
             "service",

@@ -16,6 +16,7 @@ mod kernels;
 mod kv;
 mod load;
 mod logring;
+mod perplexity;
 mod profile;
 mod quantize;
 mod run;
@@ -43,6 +44,9 @@ enum Command {
     Run(run::Args),
     /// Measure prompt-processing and generation speed (tokens/s), like llama-bench.
     Bench(bench::Args),
+    /// Measure a model's perplexity over a text, or its KL divergence from a reference model's
+    /// saved logits, like llama-perplexity.
+    Perplexity(perplexity::Args),
     /// Tokenize standard input with a model's tokenizer and print the ids.
     Tokenize(tokenize::Args),
     /// Inspect or verify a KV snapshot file (`run --session-file`).
@@ -72,6 +76,7 @@ pub fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Kernels(a) => kernels::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),

@@ -10,7 +10,7 @@ pub use sampler::{Sampler, SamplingError, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
-use crate::model::forward::{Arena, forward};
+use crate::model::forward::{Arena, forward, logits_rows};
 use crate::runtime::pool::{self, Pool};
 use crate::runtime::profile::{Op, Profile};
 use kernels_neon::{KernelError, Kernels};
@@ -296,9 +296,8 @@ impl Engine {
         self.arena.bytes()
     }
 
-    /// Appends `tokens` to the session (in chunks) and returns the logits after the last one.
-    /// Allocates nothing.
-    pub fn feed(&mut self, s: &mut Session, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+    /// Refuses tokens that are none, outside the vocabulary or beyond the session's context.
+    fn check_feed(&self, s: &Session, tokens: &[u32]) -> Result<(), EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -313,6 +312,13 @@ impl Engine {
                 n_ctx: s.kv.n_ctx(),
             });
         }
+        Ok(())
+    }
+
+    /// Appends `tokens` to the session (in chunks) and returns the logits after the last one.
+    /// Allocates nothing.
+    pub fn feed(&mut self, s: &mut Session, tokens: &[u32]) -> Result<&mut [f32], EngineError> {
+        self.check_feed(s, tokens)?;
         let t0 = self.arena.prof.start();
         let n_chunks = tokens.len().div_ceil(self.cfg.chunk);
         for (i, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
@@ -335,6 +341,78 @@ impl Engine {
             p.tokens += tokens.len() as u64;
         }
         Ok(&mut self.arena.logits)
+    }
+
+    /// Floats of the `room` that [`Engine::feed_each`] needs: one pass's logits, `chunk ×
+    /// n_vocab`.
+    pub fn logits_room(&self) -> usize {
+        self.cfg.chunk * self.model.hp.n_vocab
+    }
+
+    /// Appends `tokens` to the session as [`Engine::feed`] does, and calls `each(i, logits)`
+    /// with the logits after `tokens[i]` for every `i` in `from..tokens.len()`, in order: what
+    /// scoring a text needs (perplexity, KL divergence), where `feed` keeps the last only.
+    ///
+    /// `room` is the caller's, at least [`Engine::logits_room`] floats, allocated once: a
+    /// pass's logits land there before `each` reads them. Decoding never needs it, so the
+    /// engine does not hold it. Each position's logits have the bits `feed` returns after that
+    /// token (see [`logits_rows`](crate::model::forward::logits_rows)). Allocates nothing.
+    pub fn feed_each(
+        &mut self,
+        s: &mut Session,
+        tokens: &[u32],
+        from: usize,
+        room: &mut [f32],
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        self.check_feed(s, tokens)?;
+        if room.len() < self.logits_room() {
+            return Err(EngineError::Config(format!(
+                "the logits room holds {} floats, {} needed",
+                room.len(),
+                self.logits_room()
+            )));
+        }
+        let n_vocab = self.model.hp.n_vocab;
+        let t0 = self.arena.prof.start();
+        for (c, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
+            let (i0, pos0) = (c * self.cfg.chunk, s.tokens.len());
+            forward(
+                self.kernels,
+                &self.pool,
+                &self.model,
+                &mut self.arena,
+                &mut s.kv,
+                chunk,
+                pos0,
+                false,
+            );
+            s.tokens.extend_from_slice(chunk);
+            // This chunk's tokens from `from` on.
+            let first = from.max(i0).min(i0 + chunk.len()) - i0;
+            if first == chunk.len() {
+                continue;
+            }
+            let rows = first..chunk.len();
+            let out = &mut room[..rows.len() * n_vocab];
+            logits_rows(
+                self.kernels,
+                &self.pool,
+                &self.model,
+                &mut self.arena,
+                rows,
+                out,
+            );
+            for (j, logits) in out.chunks_exact(n_vocab).enumerate() {
+                each(i0 + first + j, logits);
+            }
+        }
+        if let Some(t0) = t0 {
+            let p = &mut self.arena.prof;
+            p.wall_ns += t0.elapsed().as_nanos() as u64;
+            p.tokens += tokens.len() as u64;
+        }
+        Ok(())
     }
 }
 

@@ -21,11 +21,13 @@
 //!
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
-use super::matrix::{ActKind, ActNeed, ActScratch, Mat, matmul, transpose_into};
+use super::matrix::{
+    ActKind, ActNeed, ActScratch, Mat, matmul, transpose_into, transpose_into_lines,
+};
 use super::{FfnAct, HParams, Model, RopeType};
 use crate::kv::KvCache;
 use crate::runtime::{Op, Pool, Profile};
-use kernels_neon::Kernels;
+use kernels_neon::{Kernels, PACK_ROWS};
 
 /// Every activation buffer of the forward pass, sized at load for `chunk` tokens. Shapes are
 /// for a chunk of T ≤ `chunk` tokens, row-major, `d` = n_embd, `qd` = n_head·head_dim,
@@ -382,6 +384,61 @@ pub fn forward(
             matmul(k, pool, &output, &a, &mut ar.logits);
         });
     }
+}
+
+/// The logits of the tokens `rows` of the chunk the last [`forward`] ran over (whose final
+/// residual stream stays in `ar.x`) into `out`, `[rows.len()][n_vocab]`, token-major: what
+/// scoring a text needs (perplexity, KL divergence), where [`forward`] computes only the last
+/// token's. Call it after a [`forward`] of at least `rows.end` tokens.
+///
+/// Only the caller's `out` is new: the product runs over slices of the vocabulary small enough
+/// for `ar.tmp` (the kernels write `[row][token]`), each transposed into its columns of `out`,
+/// so the arena stays as sized at load and the decode path does not pay for this. The output
+/// matrix is still read once for all the tokens.
+///
+/// A token's logits have the bits [`forward`] gives when that token is the last: its norm and
+/// the quantization of its activations depend on its row only, and a product's (row, token)
+/// result does not depend on the rows or tokens computed with it (`kernels_neon`'s
+/// `tests/exactness.rs` and `tests/row_split.rs`), whatever the slice.
+pub fn logits_rows(
+    k: &Kernels,
+    pool: &Pool,
+    model: &Model,
+    ar: &mut Arena,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (d, n_vocab) = (model.hp.n_embd, model.hp.n_vocab);
+    let m = rows.len();
+    assert!(m > 0 && rows.end <= ar.chunk && out.len() >= m * n_vocab);
+    let output = model.output_in(k.packed.and(model.packed()));
+    let prof = &mut ar.prof;
+    prof.timed(Op::RmsNorm, || {
+        let x = &ar.x[rows.start * d..rows.end * d];
+        rms_norm_rows(
+            k,
+            x,
+            model.output_norm(),
+            model.hp.rms_eps,
+            &mut ar.xn[..m * d],
+        );
+    });
+    let a = prof.timed(Op::Quantize, || {
+        ar.acts.quantize(k, &ar.xn[..m * d], m, need(&[&output]))
+    });
+    // Vocabulary rows per slice: as many as `tmp` holds for `m` tokens, in whole packed
+    // groups (`tmp` holds at least `chunk × n_embd` floats, so a slice is never empty).
+    let per = (ar.tmp.len() / m) / PACK_ROWS * PACK_ROWS;
+    debug_assert!(per > 0);
+    prof.timed_bytes(Op::Output, output.bytes(), || {
+        for r0 in (0..n_vocab).step_by(per) {
+            let r1 = (r0 + per).min(n_vocab);
+            let slice = output.row_slice(r0, r1);
+            let tmp = &mut ar.tmp[..slice.rows * m];
+            matmul(k, pool, &slice, &a, tmp);
+            transpose_into_lines(tmp, slice.rows, m, &mut out[r0..], n_vocab);
+        }
+    });
 }
 
 /// `out[t] = rmsnorm(x[t]) · w` for every row `t` of `x` (`[T][d]`, `d` = `w.len()`).

@@ -123,6 +123,61 @@ impl Mat<'_> {
     }
 }
 
+impl<'a> Mat<'a> {
+    /// Rows `r0..r1` as a matrix of their own (a packed matrix in whole groups of
+    /// [`PACK_ROWS`]): a product over it gives the bits of the same rows of the whole product,
+    /// as a thread's share of the rows does.
+    pub fn row_slice(&self, r0: usize, r1: usize) -> Mat<'a> {
+        assert!(
+            r0 <= r1 && r1 <= self.rows,
+            "rows {r0}..{r1} of {}",
+            self.rows
+        );
+        let c = self.cols;
+        // Blocks per row, and the slice of `w` holding rows r0..r1 (packed: groups r0/8..r1/8).
+        fn rows_of<B>(w: &[B], per_row: usize, r0: usize, r1: usize) -> &[B] {
+            &w[r0 * per_row..r1 * per_row]
+        }
+        fn groups_of<B>(w: &[B], nb: usize, r0: usize, r1: usize) -> &[B] {
+            assert!(
+                r0.is_multiple_of(PACK_ROWS) && r1.is_multiple_of(PACK_ROWS),
+                "a packed matrix slices in whole groups of {PACK_ROWS} rows"
+            );
+            &w[r0 / PACK_ROWS * nb..r1 / PACK_ROWS * nb]
+        }
+        let (nb, nk) = (c / 32, c / QK_K);
+        let data = match self.data {
+            MatData::F32(w) => MatData::F32(rows_of(w, c, r0, r1)),
+            MatData::F16(w) => MatData::F16(rows_of(w, c, r0, r1)),
+            MatData::Q4_0(w) => MatData::Q4_0(rows_of(w, nb, r0, r1)),
+            MatData::Q4_1(w) => MatData::Q4_1(rows_of(w, nb, r0, r1)),
+            MatData::Q8_0(w) => MatData::Q8_0(rows_of(w, nb, r0, r1)),
+            MatData::Q5_0(w) => MatData::Q5_0(rows_of(w, nb, r0, r1)),
+            MatData::Q5_1(w) => MatData::Q5_1(rows_of(w, nb, r0, r1)),
+            MatData::Q4K(w) => MatData::Q4K(rows_of(w, nk, r0, r1)),
+            MatData::Q5K(w) => MatData::Q5K(rows_of(w, nk, r0, r1)),
+            MatData::Q6K(w) => MatData::Q6K(rows_of(w, nk, r0, r1)),
+            MatData::Q4_0x8(w) => MatData::Q4_0x8(groups_of(w, nb, r0, r1)),
+            MatData::Q4_1x8(w) => MatData::Q4_1x8(groups_of(w, nb, r0, r1)),
+            MatData::Q8_0x8(w) => MatData::Q8_0x8(groups_of(w, nb, r0, r1)),
+        };
+        Mat {
+            rows: r1 - r0,
+            cols: c,
+            data,
+        }
+    }
+
+    /// Whether the matrix is packed in groups of [`PACK_ROWS`] rows (which a row slice keeps
+    /// whole).
+    pub fn is_packed(&self) -> bool {
+        matches!(
+            self.data,
+            MatData::Q4_0x8(_) | MatData::Q4_1x8(_) | MatData::Q8_0x8(_)
+        )
+    }
+}
+
 /// Row `r` of a `cols`-wide matrix of `B` blocks, dequantized into `out`.
 fn dequantize_row<B: BlockFormat>(w: &[B], cols: usize, r: usize, out: &mut [f32]) {
     let nb = cols / B::BLOCK_LEN;
@@ -310,14 +365,27 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
 /// took ~7 % of prompt processing; with 1536 rows the lines of a tile also fell into two L1
 /// sets).
 pub fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
+    transpose_into_lines(src, rows, n_tok, &mut dst[..rows * n_tok], rows);
+}
+
+/// As [`transpose_into`], token `t`'s values going to `dst[t * stride..][..rows]`: a slice of
+/// rows transposed into its columns of wider lines (a slice of the vocabulary's logits).
+pub fn transpose_into_lines(
+    src: &[f32],
+    rows: usize,
+    n_tok: usize,
+    dst: &mut [f32],
+    stride: usize,
+) {
     const TILE: usize = 16;
-    let (src, dst) = (&src[..rows * n_tok], &mut dst[..rows * n_tok]);
+    assert!(rows <= stride && (n_tok == 0 || (n_tok - 1) * stride + rows <= dst.len()));
+    let src = &src[..rows * n_tok];
     for r0 in (0..rows).step_by(TILE) {
         let r1 = (r0 + TILE).min(rows);
         for t0 in (0..n_tok).step_by(TILE) {
             let t1 = (t0 + TILE).min(n_tok);
             for t in t0..t1 {
-                let d = &mut dst[t * rows + r0..t * rows + r1];
+                let d = &mut dst[t * stride + r0..t * stride + r1];
                 for (r, o) in (r0..r1).zip(d) {
                     *o = src[r * n_tok + t];
                 }
@@ -328,7 +396,24 @@ pub fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::transpose_into;
+    use super::{transpose_into, transpose_into_lines};
+
+    #[test]
+    fn a_slice_of_rows_transposes_into_its_columns_of_wider_lines() {
+        let (rows, n_tok, stride, col0) = (37, 5, 100, 40);
+        let src: Vec<f32> = (0..rows * n_tok).map(|i| i as f32).collect();
+        let mut dst = vec![-1.0; n_tok * stride];
+        transpose_into_lines(&src, rows, n_tok, &mut dst[col0..], stride);
+        for t in 0..n_tok {
+            for c in 0..stride {
+                let want = match c.checked_sub(col0) {
+                    Some(r) if r < rows => src[r * n_tok + t],
+                    _ => -1.0,
+                };
+                assert_eq!(dst[t * stride + c], want, "t{t} c{c}");
+            }
+        }
+    }
 
     #[test]
     fn transpose_matches_the_definition_on_ragged_shapes() {
