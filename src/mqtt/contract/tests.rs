@@ -156,7 +156,25 @@ fn malformed_requests_are_refused_with_their_id_when_it_can_be_read() {
             r#"{"id":"a/b","prompt":"x"}"#,
             None,
             ErrorCode::BadRequest,
-            "id must",
+            "'/' at position 2",
+        ),
+        (
+            r#"{"id":"line 3","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "' ' at position 5",
+        ),
+        (
+            r#"{"id":"ré","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "'é' at position 2",
+        ),
+        (
+            r#"{"id":"","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "the request id is empty",
         ),
         (
             r#"{"id":"r10","prompt":"x""#,
