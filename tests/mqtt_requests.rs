@@ -67,6 +67,44 @@ fn still_serves(port: u16) {
     assert!(finish == "length" || finish == "stop", "{v}");
 }
 
+/// A prompt with nothing to answer is refused `bad_request` at once, as the serial front ends
+/// refuse it, instead of the model answering the template's turn markers at length.
+#[test]
+fn an_empty_or_blank_prompt_is_refused_at_once() {
+    let broker = Mosquitto::start();
+    let (_d, _dir) = serve(broker.port, "", &[]);
+    let requests = [
+        ("blank", r#""prompt":"   ""#),
+        ("empty", r#""prompt":"""#),
+        ("white", r#""prompt":"\t\r\n \u00a0""#),
+        (
+            "msgs",
+            r#""messages":[{"role":"system","content":" "},{"role":"user","content":"\n"}]"#,
+        ),
+        ("none", r#""messages":[]"#),
+    ];
+    let sub = subscribe(
+        broker.port,
+        &format!("edgellm/{DEVICE}/response/+"),
+        requests.len(),
+        60,
+    );
+    let lines: Vec<String> = requests
+        .iter()
+        .map(|(id, body)| format!(r#"{{"id":"{id}",{body}}}"#))
+        .collect();
+    publish_lines(broker.port, &request_topic(), &lines);
+    let replies = parsed(collect(sub));
+    assert_eq!(replies.len(), requests.len(), "{replies:?}");
+    for (id, _) in requests {
+        let v = final_of(&replies, id);
+        assert_eq!(v["error"]["code"], "bad_request", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("empty or only whitespace"), "{v}");
+    }
+    still_serves(broker.port);
+}
+
 #[test]
 fn a_full_queue_answers_busy_at_once_and_the_accepted_requests_are_answered() {
     let broker = Mosquitto::start();

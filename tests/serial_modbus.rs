@@ -319,12 +319,14 @@ fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_c
             op(m.write_single_register(map::MODE, 2)).await.unwrap_err(),
             ExceptionCode::IllegalDataValue
         );
+        // No prompt yet: the service refuses it, and the status says so.
+        op(m.write_single_register(map::REQUEST_SEQ, 9))
+            .await
+            .unwrap();
         assert_eq!(
-            op(m.write_single_register(map::REQUEST_SEQ, 1))
-                .await
-                .unwrap_err(),
-            ExceptionCode::IllegalDataValue,
-            "no prompt yet"
+            op(m.read_input_registers(map::STATUS, 3)).await.unwrap(),
+            [map::Status::Error as u16, 1, 9],
+            "an empty prompt is bad_request"
         );
         // A long answer, then a second request while it runs: busy.
         let regs = text_to_registers(PROMPT);

@@ -36,6 +36,14 @@ use std::time::Instant;
 /// Longest request id.
 pub const MAX_ID_LEN: usize = 128;
 
+/// The checks every request passes when it is submitted, whatever its front end: an id the
+/// service can carry and a prompt with something to answer. [`Handle::submit`] refuses a
+/// request that fails one at once; a front end does not repeat them.
+pub fn check(req: &Request) -> Result<(), ServiceError> {
+    check_id(&req.id, &[])?;
+    prompt::check(req)
+}
+
 /// Checks a request id: 1 to [`MAX_ID_LEN`] bytes of printable ASCII (no space), none of
 /// `reserved` (what a front end cannot carry in an id: MQTT's `/ + #`, as the id becomes a
 /// topic level). A refusal names the first character not allowed and its position (from 1,

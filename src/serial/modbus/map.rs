@@ -61,11 +61,12 @@
 //! |---|---|
 //! | 0x01 illegal function | coils, discrete inputs, any function code but 3, 4, 6, 16, 23 and 43/14 |
 //! | 0x02 illegal data address | a range touching an unmapped address; a write touching a read-only register; FC43/14 individual access to an unknown object |
-//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 1; `PAGE_SELECT` past the answer; a request whose prompt is empty or not UTF-8 |
+//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 1; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
 //! | 0x06 server device busy | `REQUEST_SEQ` written while a request is queued or running; the appliance's queue is full |
 //!
-//! A refused write changes nothing. A request the service refuses for another reason is
-//! accepted and ends at once in status 4 with its error code.
+//! A refused write changes nothing. A request the service refuses for another reason (an
+//! empty or blank prompt, a full context, …) is accepted and ends at once in status 4 with its
+//! error code.
 
 use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request, ServiceError};
 use crate::tokenizer::ChatMessage;
@@ -443,10 +444,9 @@ impl Mailbox {
             0 => bytes.split(|&b| b == 0).next().unwrap_or(&[]),
             n => &bytes[..n as usize],
         };
+        // An empty or blank prompt is the service's to refuse (status 4, `bad_request`), as for
+        // every front end.
         let text = std::str::from_utf8(text).map_err(|_| Exception::IllegalDataValue)?;
-        if text.is_empty() {
-            return Err(Exception::IllegalDataValue);
-        }
         let prompt = match ctl.mode {
             1 => Prompt::Chat(vec![ChatMessage::new("user", text)]),
             _ => Prompt::Text {

@@ -346,15 +346,28 @@ fn quantities_and_values_out_of_range_are_illegal_data_values() {
 }
 
 #[test]
-fn an_empty_or_invalid_utf8_prompt_is_refused_and_changes_nothing() {
+fn an_invalid_utf8_prompt_is_refused_and_changes_nothing() {
     let mut m = mailbox();
     let v = Exception::IllegalDataValue;
-    assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v, "empty");
     m.write(PROMPT, &[0xC328]).unwrap(); // 0xC3 then '(' : not UTF-8
     m.write(PROMPT_LEN, &[2]).unwrap();
     assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v);
     assert_eq!(m.read(STATUS, 3).unwrap(), vec![0, 0, 0]);
     assert_eq!(m.read(REQUEST_SEQ, 1).unwrap(), vec![0]);
+}
+
+/// An empty prompt is the service's to refuse, as for every front end: the write is taken and
+/// the request ends in status 4 with `bad_request`.
+#[test]
+fn an_empty_prompt_goes_to_the_service_which_refuses_it() {
+    let mut m = mailbox();
+    let req = match m.write(REQUEST_SEQ, &[1]).unwrap() {
+        Written::Submit(r) => *r,
+        other => panic!("expected a submission, got {other:?}"),
+    };
+    let e = crate::service::check(&req).unwrap_err();
+    assert_eq!(m.refused(&e), None, "the write is acknowledged");
+    assert_eq!(m.read(STATUS, 3).unwrap(), vec![Status::Error as u16, 1, 1]);
 }
 
 #[test]
