@@ -363,3 +363,30 @@ fn verify_checks_every_file_given_and_fails_if_any_is_faulty() {
     assert!(!ok && text.contains(&format!("{a}: ok (")), "{text}");
     assert!(text.contains("1 of 2 snapshot files are faulty"), "{text}");
 }
+
+/// As llama.cpp's tools take it, a model typed on its own where a snapshot goes is told where
+/// it belongs, and the model given with -m still checks the snapshot.
+#[test]
+fn a_model_given_as_the_snapshot_is_told_to_come_with_m() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    run_json(&m, P1, 1, Some(&f));
+    for cmd in ["inspect", "verify"] {
+        let (ok, text) = kv(&[cmd, &m]);
+        assert!(!ok, "{cmd}: {text}");
+        assert!(
+            text.contains(&format!(
+                "{m} is a GGUF model, not a KV snapshot: give the model with -m"
+            )),
+            "{cmd}: {text}"
+        );
+    }
+    let (ok, text) = kv(&["verify", f.to_str().unwrap(), "-m", &m]);
+    assert!(ok, "{text}");
+    let (_, help) = kv(&["--help"]);
+    assert!(
+        help.contains("the model, when one is checked, comes with -m"),
+        "{help}"
+    );
+}
