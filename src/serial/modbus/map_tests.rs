@@ -305,6 +305,25 @@ fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
     let a = Exception::IllegalDataAddress;
     assert_eq!(m.read(150, 10).unwrap_err(), a, "past the answer window");
     assert_eq!(m.read(200, 1).unwrap_err(), a, "the gap");
+    // 26–31, between the control block and the answer window, are unmapped too.
+    for (addr, n) in [
+        (26, 1),
+        (31, 1),
+        (26, 6),
+        (25, 2),
+        (30, 3),
+        (0, 32),
+        (0, 125),
+    ] {
+        assert_eq!(m.read(addr, n).unwrap_err(), a, "{n} from {addr}");
+        assert_eq!(
+            m.read_write(addr, n, PAGE_SELECT, &[0]).unwrap_err(),
+            a,
+            "FC23: {n} from {addr}"
+        );
+    }
+    assert_eq!(m.read(0, 26).unwrap().len(), 26, "up to CANCEL");
+    assert_eq!(m.read(ANSWER_PAGE, 125).unwrap().len(), 125);
     assert_eq!(m.read(PROMPT + 500, 1).unwrap_err(), a, "past the prompt");
     assert_eq!(m.read(PROMPT + 499, 1).unwrap(), vec![0]);
     assert_eq!(m.read(65535, 1).unwrap_err(), a);
