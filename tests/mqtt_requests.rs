@@ -279,12 +279,8 @@ fn a_named_session_restores_the_first_turn_and_messages_answer_as_run_does() {
     ]));
     assert_eq!(a1["text"], run["text"], "{a1}");
     let prompt1 = run["prompt_ids"].as_array().unwrap().len() as u64;
-    let u1 = &a1["usage"];
-    assert_eq!(
-        u1["prompt_tokens"].as_u64().unwrap() + u1["restored_tokens"].as_u64().unwrap(),
-        prompt1,
-        "{a1}"
-    );
+    // `prompt_tokens` is the whole prompt, whatever was restored of it.
+    assert_eq!(a1["usage"]["prompt_tokens"], prompt1, "{a1}");
 
     // A request without a session in between: the scratch session that answers it keeps
     // its positions too, and a prefix in common would be restored from there. Now only the
@@ -304,9 +300,15 @@ fn a_named_session_restores_the_first_turn_and_messages_answer_as_run_does() {
     let restored = a2["usage"]["restored_tokens"].as_u64().unwrap();
     assert!(restored >= prompt1, "{prompt1} tokens of turn 1: {a2}");
 
-    // Restored or computed, the same greedy answer.
+    // Restored or computed, the same greedy answer, and the same prompt_tokens: the whole
+    // prompt, with restored_tokens of it beside.
     let fresh = chat(broker.port, "s3", &turn2, None);
     assert_eq!(fresh["text"], a2["text"], "{fresh}\n{a2}");
-    let computed = fresh["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(computed > prompt1, "computed afresh: {fresh}");
+    let whole = fresh["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(whole > prompt1, "{fresh}");
+    assert_eq!(a2["usage"]["prompt_tokens"], whole, "{a2}\n{fresh}");
+    assert!(
+        fresh["usage"]["restored_tokens"].as_u64().unwrap() < restored,
+        "{a2}\n{fresh}"
+    );
 }

@@ -256,14 +256,16 @@ pub enum FinishReason {
     Timeout,
 }
 
-/// Token counts of one answer.
+/// Token counts of one answer: one definition for every front end (MQTT's `usage`, the line
+/// protocol's and the frames' `END`, the console's summary, `run --json`, the audit trail).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Usage {
-    /// Prompt tokens computed for this answer.
+    /// The whole prompt as the model saw it, computed for this answer or restored.
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens taken from a session's cache (RAM or flash) instead of being computed.
+    /// Of `prompt_tokens`, those taken from a session's cache (RAM or flash) instead of being
+    /// computed: `prompt_tokens - restored_tokens` were computed.
     pub restored_tokens: usize,
 }
 

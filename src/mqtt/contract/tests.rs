@@ -243,7 +243,7 @@ fn answers_have_the_documented_shape() {
         text: "hello".into(),
         finish_reason: FinishReason::Eog,
         usage: Usage {
-            prompt_tokens: 10,
+            prompt_tokens: 40,
             completion_tokens: 2,
             restored_tokens: 30,
         },
@@ -263,7 +263,7 @@ fn answers_have_the_documented_shape() {
     assert_eq!(
         v,
         json!({"id": "r1", "text": "hello", "finish_reason": "stop",
-               "usage": {"prompt_tokens": 10, "completion_tokens": 2, "restored_tokens": 30},
+               "usage": {"prompt_tokens": 40, "completion_tokens": 2, "restored_tokens": 30},
                "timings": {"queue_ms": 1.235, "ttft_ms": 20.0, "decode_tps": 300.5}, "done": true})
     );
     let names: Vec<_> = [
