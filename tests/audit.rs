@@ -207,3 +207,43 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     std::fs::write(&seg, &orig).unwrap();
     assert!(audit(&["verify"], &state).status.success());
 }
+
+#[test]
+fn a_missing_state_directory_or_trail_is_said_so_with_a_failing_status() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-state");
+    for args in [
+        &["list"][..],
+        &["verify"],
+        &["show", "1"],
+        &["list", "--json"],
+    ] {
+        let out = audit(args, &missing);
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?}: {t}");
+        assert!(
+            out.stdout.is_empty() && t.contains("no such state directory"),
+            "{args:?}: {t}"
+        );
+    }
+    // A state directory without a trail: the daemon never ran with the audit on.
+    let state = tmp.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    for args in [&["list"][..], &["verify"]] {
+        let out = audit(args, &state);
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?}: {t}");
+        assert!(t.contains("holds no audit trail"), "{args:?}: {t}");
+    }
+    // A trail with no entries yet is no fault.
+    std::fs::create_dir(state.join("audit")).unwrap();
+    let out = audit(&["verify"], &state);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("no entries"), "{}", text(&out));
+    let out = audit(&["list"], &state);
+    assert!(
+        out.status.success() && out.stdout.is_empty(),
+        "{}",
+        text(&out)
+    );
+}

@@ -129,6 +129,88 @@ fn inspect_text_says_what_it_counts() {
     assert!(s.contains("blk.29.ffn_down.weight"), "{s}");
 }
 
+/// As llama.cpp's tools take it: `edgellm inspect model.gguf`, `edgellm tokenize model.gguf`.
+/// The file on its own wins over `EDGELLM_MODEL`; on its own and with `-m` is refused.
+#[test]
+fn the_model_is_taken_on_its_own_or_with_m_but_not_both() {
+    let p = model_path("q4_1");
+    let m = p.to_str().unwrap();
+    let run = |args: &[&str], env: Option<&str>, stdin: &str| {
+        use std::io::Write;
+        let mut c = Command::new(env!("CARGO_BIN_EXE_edgellm"));
+        c.args(args)
+            .env_remove("EDGELLM_MODEL")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(v) = env {
+            c.env("EDGELLM_MODEL", v);
+        }
+        let mut child = c.spawn().expect("run edgellm");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    for cmd in ["inspect", "tokenize"] {
+        let flag = run(&[cmd, "-m", m, "--json"], None, "Hello world");
+        assert!(flag.status.success(), "{cmd} -m: {}", stderr(&flag));
+        let alone = run(&[cmd, m, "--json"], None, "Hello world");
+        assert!(alone.status.success(), "{cmd} MODEL: {}", stderr(&alone));
+        assert_eq!(stdout(&alone), stdout(&flag), "{cmd}");
+        let env = run(
+            &[cmd, m, "--json"],
+            Some("/nonexistent.gguf"),
+            "Hello world",
+        );
+        assert!(
+            env.status.success(),
+            "{cmd} MODEL over EDGELLM_MODEL: {}",
+            stderr(&env)
+        );
+        assert_eq!(stdout(&env), stdout(&flag), "{cmd}");
+        let from_env = run(&[cmd, "--json"], Some(m), "Hello world");
+        assert!(
+            from_env.status.success(),
+            "{cmd} EDGELLM_MODEL: {}",
+            stderr(&from_env)
+        );
+
+        for env in [None, Some(m)] {
+            let both = run(&[cmd, m, "-m", m], env, "");
+            let e = stderr(&both);
+            assert_eq!(both.status.code(), Some(2), "{cmd}: {e}");
+            assert!(
+                e.contains("'[MODEL]' cannot be used with '--model <MODEL>'")
+                    && e.contains(&format!("Usage: edgellm {cmd} ")),
+                "{cmd}: {e}"
+            );
+        }
+        let flag_over_env = run(
+            &[cmd, "-m", m, "--json"],
+            Some("/nonexistent.gguf"),
+            "Hello world",
+        );
+        assert_eq!(stdout(&flag_over_env), stdout(&flag), "{cmd}");
+        let none = run(&[cmd], None, "");
+        let e = stderr(&none);
+        assert_eq!(none.status.code(), Some(2), "{cmd}: {e}");
+        assert!(
+            e.contains("required arguments were not provided") && e.contains("<MODEL>"),
+            "{cmd}: {e}"
+        );
+
+        let help = stdout(&run(&[cmd, "--help"], None, ""));
+        assert!(
+            help.contains(&format!("edgellm {cmd} smollm2-135m-q4_0.gguf")),
+            "{help}"
+        );
+    }
+}
+
 /// Gemma 3's sliding-window layers hold a ring, not the context: at 32k positions its KV cache
 /// is 3 layers x 32768 + 15 layers x 1279 (2·512 − 1 + 256) positions, not 18 x 32768.
 #[test]

@@ -73,7 +73,8 @@ fn a_restored_session_computes_only_the_rest_and_answers_the_same() {
         "restored != fresh"
     );
     assert_eq!(b["timings"]["restored_tokens"], 8);
-    assert_eq!(b["timings"]["prompt_tokens"], 4);
+    // The whole prompt, 8 of its tokens restored, 4 computed.
+    assert_eq!(b["timings"]["prompt_tokens"], 12);
     assert!(b["timings"]["prompt_ms"].is_number());
     assert_eq!(b["session"]["write"], "appended", "{b}");
     assert_eq!(b["session"]["positions_written"], 7);
@@ -127,7 +128,9 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
     let fresh = run_json(&m, P2, 4, None);
     run_json(&m, P1, 1, Some(&f));
 
-    // A flipped bit in the K/V rows of the only record: a torn last record, dropped.
+    // A flipped bit in the middle of the file, in the K/V rows of its only record: a rewrite
+    // wrote that record whole, so no power cut explains it. Corruption, not a torn tail:
+    // refused, moved aside, recomputed.
     let good = std::fs::read(&f).unwrap();
     let mut bad = good.clone();
     bad[good.len() / 2] ^= 0x10;
@@ -137,14 +140,46 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
         !ok && text.contains("record K/V rows") && text.contains("checksum"),
         "{text}"
     );
+    assert!(!text.contains("incomplete last record"), "{text}");
     let out = run(&m, P2, 4, Some(&f));
     let v = json_of(&out);
     assert_eq!(v["generated_ids"], fresh["generated_ids"]);
     assert_eq!(v["timings"]["restored_tokens"], 0);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("incomplete last record"));
-    let torn = v["session"]["load"]["torn_tail"].as_str().unwrap();
-    assert!(torn.contains("incomplete last record"), "{v}");
-    assert!(kv(&["verify", fs]).0, "the next save repaired the file");
+    let load = &v["session"]["load"];
+    assert!(
+        load["error"].as_str().unwrap().contains("record K/V rows") && load["torn_tail"].is_null(),
+        "{v}"
+    );
+    assert_eq!(moved_aside(dir.path()), 1);
+    assert!(kv(&["verify", fs]).0, "the next save wrote a good file");
+
+    // A torn append: the second turn's record cut short by a power cut. An incomplete last
+    // record, dropped: the first turn is restored.
+    let t = dir.path().join("t.kv");
+    let ts = t.to_str().unwrap();
+    run_json(&m, P1, 1, Some(&t));
+    let b = run_json(&m, P2, 4, Some(&t));
+    assert_eq!(b["session"]["write"], "appended", "{b}");
+    let two = std::fs::read(&t).unwrap();
+    std::fs::write(&t, &two[..two.len() - 5]).unwrap();
+    let (ok, text) = kv(&["verify", ts]);
+    assert!(!ok && text.contains("incomplete last record"), "{text}");
+    assert!(
+        text.contains("a load recovers the first 8 tokens"),
+        "{text}"
+    );
+    let v = run_json(&m, P2, 4, Some(&t));
+    assert_eq!(v["generated_ids"], fresh["generated_ids"]);
+    assert_eq!(v["timings"]["restored_tokens"], 8, "{v}");
+    assert!(
+        v["session"]["load"]["torn_tail"]
+            .as_str()
+            .unwrap()
+            .contains("incomplete last record"),
+        "{v}"
+    );
+    assert!(kv(&["verify", ts]).0, "the next save cut the torn tail off");
+    assert_eq!(moved_aside(dir.path()), 1, "a torn tail is not moved aside");
 
     // Garbage: refused, moved aside, recomputed, and a good file saved in its place.
     std::fs::write(&f, b"not a snapshot at all, no no").unwrap();
@@ -169,7 +204,7 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
             .contains(".corrupt-")
     );
     assert_eq!(v["session"]["saved"], true);
-    assert_eq!(moved_aside(dir.path()), 1);
+    assert_eq!(moved_aside(dir.path()), 2);
     assert!(kv(&["verify", fs]).0);
 
     // Another model (other weights, same metadata).
@@ -189,7 +224,7 @@ fn a_bad_or_foreign_file_is_reported_moved_aside_and_recomputed() {
     let v = json_of(&out);
     assert_eq!(v["timings"]["restored_tokens"], 0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("another model or quantization"));
-    assert_eq!(moved_aside(dir.path()), 2);
+    assert_eq!(moved_aside(dir.path()), 3);
 }
 
 /// Disk full (simulated by RLIMIT_FSIZE, so that it runs unprivileged: writes past the limit
@@ -362,4 +397,31 @@ fn verify_checks_every_file_given_and_fails_if_any_is_faulty() {
     let (ok, text) = kv(&["verify", gone.to_str().unwrap(), a]);
     assert!(!ok && text.contains(&format!("{a}: ok (")), "{text}");
     assert!(text.contains("1 of 2 snapshot files are faulty"), "{text}");
+}
+
+/// As llama.cpp's tools take it, a model typed on its own where a snapshot goes is told where
+/// it belongs, and the model given with -m still checks the snapshot.
+#[test]
+fn a_model_given_as_the_snapshot_is_told_to_come_with_m() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let f = dir.path().join("s.kv");
+    run_json(&m, P1, 1, Some(&f));
+    for cmd in ["inspect", "verify"] {
+        let (ok, text) = kv(&[cmd, &m]);
+        assert!(!ok, "{cmd}: {text}");
+        assert!(
+            text.contains(&format!(
+                "{m} is a GGUF model, not a KV snapshot: give the model with -m"
+            )),
+            "{cmd}: {text}"
+        );
+    }
+    let (ok, text) = kv(&["verify", f.to_str().unwrap(), "-m", &m]);
+    assert!(ok, "{text}");
+    let (_, help) = kv(&["--help"]);
+    assert!(
+        help.contains("the model, when one is checked, comes with -m"),
+        "{help}"
+    );
 }

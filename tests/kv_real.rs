@@ -48,9 +48,10 @@ fn a_restored_chat_session_answers_as_a_fresh_run() {
         reused > 20 && reused <= n_saved,
         "restored {reused} of {n_saved}"
     );
+    // The whole prompt either way, restored in part or not.
     assert_eq!(
-        restored["timings"]["prompt_tokens"].as_u64().unwrap() + reused,
-        fresh["timings"]["prompt_tokens"].as_u64().unwrap()
+        restored["timings"]["prompt_tokens"],
+        fresh["timings"]["prompt_tokens"]
     );
 }
 

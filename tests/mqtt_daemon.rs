@@ -160,7 +160,7 @@ fn malformed_requests_get_error_replies_and_the_daemon_keeps_serving() {
 }
 
 #[test]
-fn the_status_is_retained_online_and_offline_after_sigterm_with_exit_0() {
+fn the_status_is_retained_online_and_offline_after_sigterm_with_its_last_counters_and_exit_0() {
     let broker = Mosquitto::start();
     let mut d = serve(broker.port, &[]);
     let status = format!("edgellm/{DEVICE}/status");
@@ -169,6 +169,15 @@ fn the_status_is_retained_online_and_offline_after_sigterm_with_exit_0() {
     assert_eq!(v["state"], "online", "{v}");
     assert_eq!(v["model"]["quant"], "Q4_0");
     assert!(v["kernels"].as_str().is_some_and(|k| !k.is_empty()), "{v}");
+
+    // Two answers, over more than a second of uptime.
+    for q in ["Hello?", "Status?"] {
+        assert_eq!(
+            json_of(&ask(broker.port, &["-n", "2", "--json", q]))["done"],
+            true
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1200));
 
     let status_code = d.terminate(Duration::from_secs(30));
     assert!(
@@ -179,6 +188,12 @@ fn the_status_is_retained_online_and_offline_after_sigterm_with_exit_0() {
     let last = collect(subscribe(broker.port, &status, 1, 20));
     let v: Value = serde_json::from_str(&last.first().expect("a retained status").1).unwrap();
     assert_eq!(v["state"], "offline", "{v}");
+    // The counters and the uptime as the daemon left them, not as it started.
+    assert_eq!(v["counters"]["answered"], 2, "{v}");
+    assert_eq!(v["counters"]["accepted"], 2, "{v}");
+    assert!(v["uptime_s"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["last_decode_tps"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["model"]["sha256"].is_string(), "{v}");
 }
 
 #[test]

@@ -67,6 +67,44 @@ fn still_serves(port: u16) {
     assert!(finish == "length" || finish == "stop", "{v}");
 }
 
+/// A prompt with nothing to answer is refused `bad_request` at once, as the serial front ends
+/// refuse it, instead of the model answering the template's turn markers at length.
+#[test]
+fn an_empty_or_blank_prompt_is_refused_at_once() {
+    let broker = Mosquitto::start();
+    let (_d, _dir) = serve(broker.port, "", &[]);
+    let requests = [
+        ("blank", r#""prompt":"   ""#),
+        ("empty", r#""prompt":"""#),
+        ("white", r#""prompt":"\t\r\n \u00a0""#),
+        (
+            "msgs",
+            r#""messages":[{"role":"system","content":" "},{"role":"user","content":"\n"}]"#,
+        ),
+        ("none", r#""messages":[]"#),
+    ];
+    let sub = subscribe(
+        broker.port,
+        &format!("edgellm/{DEVICE}/response/+"),
+        requests.len(),
+        60,
+    );
+    let lines: Vec<String> = requests
+        .iter()
+        .map(|(id, body)| format!(r#"{{"id":"{id}",{body}}}"#))
+        .collect();
+    publish_lines(broker.port, &request_topic(), &lines);
+    let replies = parsed(collect(sub));
+    assert_eq!(replies.len(), requests.len(), "{replies:?}");
+    for (id, _) in requests {
+        let v = final_of(&replies, id);
+        assert_eq!(v["error"]["code"], "bad_request", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("empty or only whitespace"), "{v}");
+    }
+    still_serves(broker.port);
+}
+
 #[test]
 fn a_full_queue_answers_busy_at_once_and_the_accepted_requests_are_answered() {
     let broker = Mosquitto::start();
@@ -241,12 +279,8 @@ fn a_named_session_restores_the_first_turn_and_messages_answer_as_run_does() {
     ]));
     assert_eq!(a1["text"], run["text"], "{a1}");
     let prompt1 = run["prompt_ids"].as_array().unwrap().len() as u64;
-    let u1 = &a1["usage"];
-    assert_eq!(
-        u1["prompt_tokens"].as_u64().unwrap() + u1["restored_tokens"].as_u64().unwrap(),
-        prompt1,
-        "{a1}"
-    );
+    // `prompt_tokens` is the whole prompt, whatever was restored of it.
+    assert_eq!(a1["usage"]["prompt_tokens"], prompt1, "{a1}");
 
     // A request without a session in between: the scratch session that answers it keeps
     // its positions too, and a prefix in common would be restored from there. Now only the
@@ -266,9 +300,15 @@ fn a_named_session_restores_the_first_turn_and_messages_answer_as_run_does() {
     let restored = a2["usage"]["restored_tokens"].as_u64().unwrap();
     assert!(restored >= prompt1, "{prompt1} tokens of turn 1: {a2}");
 
-    // Restored or computed, the same greedy answer.
+    // Restored or computed, the same greedy answer, and the same prompt_tokens: the whole
+    // prompt, with restored_tokens of it beside.
     let fresh = chat(broker.port, "s3", &turn2, None);
     assert_eq!(fresh["text"], a2["text"], "{fresh}\n{a2}");
-    let computed = fresh["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(computed > prompt1, "computed afresh: {fresh}");
+    let whole = fresh["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(whole > prompt1, "{fresh}");
+    assert_eq!(a2["usage"]["prompt_tokens"], whole, "{a2}\n{fresh}");
+    assert!(
+        fresh["usage"]["restored_tokens"].as_u64().unwrap() < restored,
+        "{a2}\n{fresh}"
+    );
 }

@@ -69,6 +69,11 @@ impl Drop for Pty {
 
 /// The daemon with one Modbus RTU port on `pty` and Modbus TCP on `tcp`, no MQTT.
 fn serve(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
+    serve_with(dir, pty, tcp, &[])
+}
+
+/// As [`serve`], with `env` in the daemon's environment.
+fn serve_with(dir: &Path, pty: &Path, tcp: u16, env: &[(&str, &str)]) -> Daemon {
     let cfg = dir.join("edgellm.toml");
     std::fs::write(
         &cfg,
@@ -84,7 +89,7 @@ fn serve(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
         &[
             "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
         ],
-        &[],
+        env,
     )
 }
 
@@ -319,12 +324,14 @@ fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_c
             op(m.write_single_register(map::MODE, 2)).await.unwrap_err(),
             ExceptionCode::IllegalDataValue
         );
+        // No prompt yet: the service refuses it, and the status says so.
+        op(m.write_single_register(map::REQUEST_SEQ, 9))
+            .await
+            .unwrap();
         assert_eq!(
-            op(m.write_single_register(map::REQUEST_SEQ, 1))
-                .await
-                .unwrap_err(),
-            ExceptionCode::IllegalDataValue,
-            "no prompt yet"
+            op(m.read_input_registers(map::STATUS, 3)).await.unwrap(),
+            [map::Status::Error as u16, 1, 9],
+            "an empty prompt is bad_request"
         );
         // A long answer, then a second request while it runs: busy.
         let regs = text_to_registers(PROMPT);
@@ -385,6 +392,78 @@ fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_c
             vec![map::VERSION]
         );
     });
+}
+
+/// An MBAP frame to unit 7: transaction `tid`, the PDU `pdu`.
+fn mbap(tid: u16, pdu: &[u8]) -> Vec<u8> {
+    let mut f = tid.to_be_bytes().to_vec();
+    f.extend([0, 0]);
+    f.extend(((pdu.len() + 1) as u16).to_be_bytes());
+    f.push(7);
+    f.extend_from_slice(pdu);
+    f
+}
+
+/// Registers 26–31 are unmapped, as the map says; a 124-register FC16 over TCP (one over the
+/// protocol's 123: tokio-modbus's own master will not even encode it) is answered 0x03 and the
+/// connection goes on; the RTU and the TCP mailbox give their requests ids of their own.
+#[test]
+fn unmapped_registers_an_oversized_write_and_the_request_ids_of_each_mailbox() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let tcp = free_port();
+    let d = serve_with(dir.path(), &pty.a, tcp, &[("EDGELLM_LOG", "info")]);
+    rt().block_on(async {
+        let mut rtu = rtu_master(&pty.b, 7).await;
+        let mut t = tcp_master(tcp, 7).await;
+        for m in [&mut rtu, &mut t] {
+            for (addr, n) in [(26, 1), (31, 1), (25, 2), (0, 32), (0, 125)] {
+                assert_eq!(
+                    op(m.read_holding_registers(addr, n)).await.unwrap_err(),
+                    ExceptionCode::IllegalDataAddress,
+                    "{n} from {addr}"
+                );
+            }
+            assert_eq!(op(m.read_input_registers(0, 26)).await.unwrap().len(), 26);
+        }
+        // One request on each mailbox.
+        ask(&mut rtu, PROMPT, 2, 1).await;
+        ask(&mut t, PROMPT, 2, 1).await;
+    });
+
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+    s.set_read_timeout(Some(OP)).unwrap();
+    let mut pdu = vec![0x10, 0x01, 0x00, 0x00, 124, 248];
+    pdu.extend(std::iter::repeat_n(0x41, 248));
+    s.write_all(&mbap(0x1234, &pdu)).unwrap();
+    let mut reply = [0u8; 9];
+    s.read_exact(&mut reply)
+        .expect("an answer, not a closed connection");
+    assert_eq!(reply, [0x12, 0x34, 0, 0, 0, 3, 7, 0x90, 0x03]);
+    // The same connection goes on: MAP_VERSION.
+    s.write_all(&mbap(0x1235, &[0x03, 0x00, 0x0A, 0x00, 0x01]))
+        .unwrap();
+    let mut reply = [0u8; 11];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(reply, [0x12, 0x35, 0, 0, 0, 5, 7, 0x03, 2, 0, 1]);
+
+    let log = d.wait_log(Duration::from_secs(10), |l| {
+        l.matches("Modbus request").count() >= 2
+    });
+    let ids: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Modbus request"))
+        .filter_map(|l| l.split(" id=").nth(1)?.split_whitespace().next())
+        .collect();
+    assert_eq!(ids.len(), 2, "{log}");
+    assert_ne!(ids[0], ids[1], "{log}");
+    // The RTU port is `<temporary directory>/a`.
+    assert!(
+        ids[0].starts_with("modbus-tmp-") && ids[0].contains("-a-"),
+        "{ids:?}"
+    );
+    assert!(ids[1].starts_with("modbus-tcp-"), "{ids:?}");
 }
 
 fn rss_kib(pid: u32) -> u64 {

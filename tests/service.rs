@@ -345,7 +345,6 @@ fn bad_requests_get_their_codes_and_the_service_keeps_answering() {
     let mut bad_sampling = chat("top_p", "t", "x");
     bad_sampling.sampling.top_p = 2.0;
     cases.push((bad_sampling, ErrorCode::BadRequest));
-    cases.push((chat("empty", "t", ""), ErrorCode::BadRequest));
     cases.push((chat("huge", "t", &"y".repeat(2000)), ErrorCode::TooLarge));
     cases.push((chat("long", "t", &"y".repeat(300)), ErrorCode::ContextFull));
     let mut named = chat("named", "t", "x");
@@ -383,6 +382,26 @@ fn bad_requests_get_their_codes_and_the_service_keeps_answering() {
         .submit(chat("", "t", "x"), recorder("", &log))
         .unwrap_err();
     assert_eq!(bad_id.code, ErrorCode::BadRequest);
+    // A prompt with nothing to answer is refused at submission too, whatever the front end:
+    // a chat template would otherwise wrap it in turn markers for the model to answer.
+    let blank: [(Request, &str); 5] = [
+        (chat("empty", "t", ""), "an empty message"),
+        (chat("blank", "t", " \t\r\n"), "a blank message"),
+        (raw("blank-raw", "   ", 8), "a blank raw prompt"),
+        (raw("empty-raw", "", 8), "an empty raw prompt"),
+        (
+            Request::new("none", "t", Prompt::Chat(vec![])),
+            "no messages",
+        ),
+    ];
+    for (req, what) in blank {
+        let e = h.submit(req, recorder(what, &log)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest, "{what}: {e}");
+        assert!(
+            e.message.contains("empty or only whitespace"),
+            "{what}: {e}"
+        );
+    }
     // Truncation keeps the end of a prompt too long for the context, and answers.
     let mut cut = chat("cut", "t", &"y".repeat(300));
     cut.truncate = true;

@@ -91,12 +91,37 @@ pub fn run(a: Args) -> CliResult {
     }
 }
 
-fn trail(d: &DirArgs) -> PathBuf {
-    d.state_dir.join(audit::DIR)
+/// The trail's directory, which must be there: a state directory that does not exist (a typo,
+/// the wrong machine) or holds no trail is said so, never read as a trail with no entries.
+fn trail(d: &DirArgs) -> Result<PathBuf, String> {
+    use std::io::ErrorKind::NotFound;
+    let state = &d.state_dir;
+    match std::fs::metadata(state) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("{}: not a directory", state.display())),
+        Err(e) if e.kind() == NotFound => {
+            return Err(format!(
+                "{}: no such state directory (the daemon's state.dir)",
+                state.display()
+            ));
+        }
+        Err(e) => return Err(format!("{}: {e}", state.display())),
+    }
+    let dir = state.join(audit::DIR);
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(dir),
+        Ok(_) => Err(format!("{}: not a directory", dir.display())),
+        Err(e) if e.kind() == NotFound => Err(format!(
+            "{}: holds no audit trail (the daemon writes one in {}/ when audit.enabled is on)",
+            state.display(),
+            audit::DIR
+        )),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
 }
 
 fn list(l: &ListArgs) -> CliResult {
-    let dir = trail(&l.dir);
+    let dir = trail(&l.dir)?;
     let mut rows: std::collections::VecDeque<Result<Entry, String>> = Default::default();
     read::each_line(&dir, |line| {
         rows.push_back(
@@ -154,7 +179,7 @@ fn row(e: &Entry) -> String {
 }
 
 fn show(s: &ShowArgs) -> CliResult {
-    let (e, hash) = read::find(&trail(&s.dir), s.seq)?;
+    let (e, hash) = read::find(&trail(&s.dir)?, s.seq)?;
     let mut v = serde_json::to_value(&e)?;
     v["hash"] = json!(hash);
     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -162,7 +187,7 @@ fn show(s: &ShowArgs) -> CliResult {
 }
 
 fn verify(d: &DirArgs) -> CliResult {
-    let dir = trail(d);
+    let dir = trail(d)?;
     let v = read::verify(&dir)?;
     if d.json {
         println!("{}", serde_json::to_string(&v)?);
@@ -196,7 +221,7 @@ fn verify(d: &DirArgs) -> CliResult {
 }
 
 fn replay_one(r: &ReplayArgs) -> CliResult {
-    let (e, _) = read::find(&trail(&r.dir), r.seq)?;
+    let (e, _) = read::find(&trail(&r.dir)?, r.seq)?;
     let sha =
         audit::file_sha256(&r.model).map_err(|err| format!("{}: {err}", r.model.display()))?;
     replay::check_model(&e, &sha)?;

@@ -116,7 +116,7 @@ pub fn run(a: Args) -> CliResult {
     let threads_list = &a.model.threads.list;
     if a.restore {
         return Ok(super::bench_restore::run(super::bench_restore::Opts {
-            model_path: &a.model.model,
+            model_path: a.model.path(),
             model,
             prompt_tokens: a.restore_prompt,
             threads: threads_list.first().copied().unwrap_or(1),
@@ -221,7 +221,7 @@ pub fn run(a: Args) -> CliResult {
     let bound = |bw: f64| bw / weight_bytes;
     if let Some(path) = &a.svg {
         let phases: Vec<_> = rows.iter().flat_map(|r| &r.profile).collect();
-        let heading = format!("edgellm bench --profile: {}", a.model.model.display());
+        let heading = format!("edgellm bench --profile: {}", a.model.path().display());
         std::fs::write(path, profile::svg(&heading, &phases))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -255,7 +255,7 @@ pub fn run(a: Args) -> CliResult {
     }
     println!(
         "model: {}  ({:.1} MiB of weights per token)",
-        a.model.model.display(),
+        a.model.path().display(),
         model.weight_bytes_per_token() as f64 / (1 << 20) as f64
     );
     println!("| threads | kernels | test   |            t/s |");

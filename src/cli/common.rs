@@ -3,19 +3,19 @@
 use edgellm::engine::{Engine, EngineConfig, default_threads};
 use edgellm::kv::KvType;
 use edgellm::model::{LoadOptions, Model};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Which model to load and how to size its engine: the flags every subcommand that runs or
 /// sizes a model shares, with one set of defaults. `T` is how the threads are given: one count
 /// ([`Threads`], to run), a list of counts to measure ([`ThreadList`], `bench`) or none
-/// ([`NoThreads`], `inspect`).
+/// ([`NoThreads`], `inspect`). `M` is how the model file is given: with `-m` ([`ModelFlag`])
+/// or, where it is the only argument, also on its own ([`ModelFile`], `inspect`).
 #[derive(clap::Args, Clone, Debug)]
-pub struct ModelArgs<T: clap::Args = Threads> {
-    /// Model file (.gguf: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 or F32 weights).
-    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
-    pub model: PathBuf,
+pub struct ModelArgs<T: clap::Args = Threads, M: clap::Args + ModelPath = ModelFlag> {
+    #[command(flatten)]
+    pub model: M,
     #[command(flatten)]
     pub threads: T,
     /// Context length in tokens: the KV cache is allocated for this many positions.
@@ -30,6 +30,101 @@ pub struct ModelArgs<T: clap::Args = Threads> {
     /// Lock the weights in RAM (mlock): no page-out mid-answer. Needs RLIMIT_MEMLOCK.
     #[arg(long)]
     pub mlock: bool,
+}
+
+/// Where a subcommand's model file was given.
+pub trait ModelPath {
+    fn path(&self) -> &Path;
+}
+
+/// The model file with `-m` (or `EDGELLM_MODEL`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelFlag {
+    /// Model file (.gguf: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 or F32 weights).
+    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
+    model: PathBuf,
+}
+
+impl ModelPath for ModelFlag {
+    fn path(&self) -> &Path {
+        &self.model
+    }
+}
+
+/// The model file of a subcommand that takes nothing else: on its own (`edgellm inspect
+/// model.gguf`, as llama.cpp's tools take it), with `-m`, or from `EDGELLM_MODEL`. On its own
+/// and with `-m` is refused (which one was meant?); either wins over the environment.
+/// Written by hand, not derived: clap counts a value from the environment as given on the
+/// command line, and would refuse the file on its own whenever `EDGELLM_MODEL` is set.
+#[derive(Clone, Debug)]
+pub struct ModelFile(PathBuf);
+
+impl ModelPath for ModelFile {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl ModelFile {
+    const POSITIONAL: &str = "model_file";
+    const FLAG: &str = "model";
+    const ENV: &str = "EDGELLM_MODEL";
+
+    fn from_env() -> Option<PathBuf> {
+        std::env::var_os(Self::ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    }
+}
+
+impl clap::FromArgMatches for ModelFile {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        m.get_one::<PathBuf>(Self::POSITIONAL)
+            .or_else(|| m.get_one::<PathBuf>(Self::FLAG))
+            .cloned()
+            .or_else(Self::from_env)
+            .map(ModelFile)
+            .ok_or_else(|| {
+                clap::Error::raw(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "no model file: give it as MODEL, with -m MODEL, or in EDGELLM_MODEL\n",
+                )
+            })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for ModelFile {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, value_parser};
+        let alone = Arg::new(Self::POSITIONAL)
+            .value_name("MODEL")
+            .value_parser(value_parser!(PathBuf))
+            .conflicts_with(Self::FLAG)
+            .help("Model file (.gguf), on its own or with -m [env: EDGELLM_MODEL]");
+        // Required unless the environment names one: clap then says what is missing, in the
+        // subcommand's own usage.
+        let alone = match Self::from_env() {
+            Some(_) => alone,
+            None => alone.required_unless_present(Self::FLAG),
+        };
+        cmd.arg(alone).arg(
+            Arg::new(Self::FLAG)
+                .short('m')
+                .long("model")
+                .value_name("MODEL")
+                .value_parser(value_parser!(PathBuf))
+                .help("Model file (.gguf), as MODEL: one or the other, not both"),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// One worker thread count.
@@ -63,10 +158,15 @@ pub struct Loaded {
     pub load_ms: f64,
 }
 
-impl<T: clap::Args> ModelArgs<T> {
+impl<T: clap::Args, M: clap::Args + ModelPath> ModelArgs<T, M> {
+    /// The model file.
+    pub fn path(&self) -> &Path {
+        self.model.path()
+    }
+
     /// Maps the model (mlocked if asked); errors name the file.
     pub fn load_model(&self) -> Result<Model, String> {
-        Model::load(&self.model, &LoadOptions { mlock: self.mlock }).map_err(|e| e.to_string())
+        Model::load(self.path(), &LoadOptions { mlock: self.mlock }).map_err(|e| e.to_string())
     }
 
     /// The engine's sizes with `threads` workers.
@@ -88,7 +188,7 @@ impl ModelArgs {
     /// Maps the model and allocates the engine; errors name the file.
     pub fn load(&self) -> Result<Loaded, String> {
         let t0 = Instant::now();
-        let path = &self.model;
+        let path = self.path();
         let model = self.load_model()?;
         let cfg = self.engine_config(self.threads());
         let engine = Engine::new(Arc::new(model), cfg).map_err(|e| e.to_string())?;

@@ -1,7 +1,7 @@
-//! `edgellm inspect -m MODEL`: what a GGUF file holds and what it will cost in memory.
+//! `edgellm inspect MODEL`: what a GGUF file holds and what it will cost in memory.
 
 use super::CliResult;
-use super::common::{ModelArgs, NoThreads};
+use super::common::{ModelArgs, ModelFile, NoThreads};
 use edgellm::gguf::{GgmlType, Gguf, OpenOptions};
 use edgellm::model::HParams;
 use serde_json::json;
@@ -17,10 +17,12 @@ max(chunk, window / 2) positions instead of ctx) + activations for a chunk of --
 The file is only mapped, not read, so inspecting a large model is instant; the metadata is \
 not trusted: a size that would not fit is reported as an overflow.
 
-Example: edgellm inspect -m smollm2-135m-q4_0.gguf --ctx 4096")]
+Examples:
+  edgellm inspect smollm2-135m-q4_0.gguf --ctx 4096
+  edgellm inspect -m smollm2-135m-q4_0.gguf --json")]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs<NoThreads>,
+    model: ModelArgs<NoThreads, ModelFile>,
     /// Also list every metadata key (arrays shown by type and length).
     #[arg(long)]
     metadata: bool,
@@ -51,7 +53,7 @@ fn sum(xs: impl IntoIterator<Item = u64>) -> Option<u64> {
 }
 
 /// `None` if a size overflows 64 bits.
-fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads>) -> Option<Memory> {
+fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads, ModelFile>) -> Option<Memory> {
     let u = |v: usize| v as u64;
     let ctx = u(a.ctx);
     let kv = edgellm::kv::KvCache::bytes_for(
@@ -90,7 +92,7 @@ fn mib(b: u64) -> String {
 }
 
 pub fn run(a: Args) -> CliResult {
-    let path = &a.model.model;
+    let path = a.model.path();
     let g = Gguf::open(
         path,
         &OpenOptions::new().hint(edgellm::gguf::AccessHint::Random),

@@ -15,6 +15,7 @@ Examples:
   edgellm kv verify session.kv -m smollm2-135m-q4_0.gguf --ctx 2048
   edgellm kv verify /var/lib/edgellm/sessions/*.kv -m model.gguf
 
+The files given on their own are snapshots; the model, when one is checked, comes with -m.
 verify prints one line per file, \"FILE: ok (...)\" or \"FILE: \" and the fault (section and
 offset): a bad header, checksum or length, a torn last record, another model, context or
 cache type. It checks every file given and exits with status 1 if any of them is faulty.")]
@@ -85,12 +86,26 @@ impl ModelArgs {
 }
 
 fn read(path: &Path) -> Result<(u64, Parsed), String> {
-    // I/O errors already name the file; format errors say where in it.
+    // I/O errors already name the file; format errors say where in it. A model given where a
+    // snapshot goes (as llama.cpp's tools take a model on its own) is told where it belongs.
     let (bytes, parsed) = file::read(path).map_err(|e| match e {
         KvError::Io { .. } => e.to_string(),
+        KvError::BadMagic { offset: 0, .. } if is_gguf(path) => format!(
+            "{} is a GGUF model, not a KV snapshot: give the model with -m",
+            path.display()
+        ),
         e => format!("{}: {e}", path.display()),
     })?;
     Ok((bytes.len() as u64, parsed))
+}
+
+/// Whether `path` begins with GGUF's magic.
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"GGUF")
 }
 
 fn inspect(f: &InspectArgs) -> CliResult {

@@ -28,7 +28,8 @@ Examples:
 With --json, one object is printed at the end: prompt_ids, generated_ids (with the
 end-of-generation token when generation stopped on one), text, finish_reason, top_logits
 ([id, logit] after the prompt, with --top-logits) and timings (load_ms, prompt_ms, ttft_ms,
-decode_tps, restored_tokens, …). With --session-file, \"session\" reports the load (tokens
+decode_tps, prompt_tokens: the whole prompt, restored_tokens: those of it restored from a
+session, …). With --session-file, \"session\" reports the load (tokens
 restored, a dropped torn tail, or why the file was refused and where it was moved) and the save
 (saved, write: appended|rewritten|unchanged, or the error; the answer is printed and the exit
 status is 0 even when saving fails). With --state-dir, \"session\" reports where the session

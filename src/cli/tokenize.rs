@@ -1,18 +1,21 @@
-//! `edgellm tokenize`: text from stdin to token ids, as the model's tokenizer sees it.
+//! `edgellm tokenize MODEL`: text from stdin to token ids, as the model's tokenizer sees it.
 
 use super::CliResult;
+use super::common::{ModelFile, ModelPath};
 use edgellm::gguf::{Gguf, OpenOptions};
 use edgellm::tokenizer::Tokenizer;
 use std::io::Read;
-use std::path::PathBuf;
 
 /// Tokenize standard input with the model's tokenizer and print the ids (no BOS unless the
-/// model asks for one with tokenizer.ggml.add_bos_token).
+/// model asks for one with tokenizer.ggml.add_bos_token). Only the model's vocabulary is read.
 #[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  echo 'Hello world' | edgellm tokenize smollm2-135m-q4_0.gguf
+  edgellm tokenize -m model.gguf --special --json < prompt.txt")]
 pub struct Args {
-    /// Model file (.gguf); only its vocabulary is read.
-    #[arg(short = 'm', long, env = "EDGELLM_MODEL")]
-    model: PathBuf,
+    #[command(flatten)]
+    model: ModelFile,
     /// Recognise special tokens written in the text (e.g. <|im_start|>).
     #[arg(long)]
     special: bool,
@@ -25,9 +28,10 @@ pub struct Args {
 const MAX_INPUT: u64 = 64 << 20;
 
 pub fn run(a: Args) -> CliResult {
-    let g = Gguf::open(&a.model, &OpenOptions::new())
-        .map_err(|e| format!("{}: {e}", a.model.display()))?;
-    let tok = Tokenizer::from_gguf(&g).map_err(|e| format!("{}: {e}", a.model.display()))?;
+    let path = a.model.path();
+    let g =
+        Gguf::open(path, &OpenOptions::new()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&g).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut text = Vec::new();
     std::io::stdin()
         .take(MAX_INPUT + 1)

@@ -225,7 +225,11 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
                 serving.clone(),
                 Arc::clone(&trouble),
             ));
-            let offline = board.json(State::Offline, &handle);
+            // Made when it is published: the counters and uptime as the daemon leaves them.
+            let offline: client::Offline = {
+                let (board, handle) = (Arc::clone(&board), handle.clone());
+                Arc::new(move || board.json(State::Offline, &handle))
+            };
             let shared = client::Shared {
                 service: handle.clone(),
                 ids,

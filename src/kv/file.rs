@@ -206,7 +206,10 @@ impl SnapshotFile {
             });
         }
         match self.valid_len {
-            Some(end) if tokens.starts_with(&self.tokens) => {
+            // A file without positions is rewritten, not appended to: the record of position 0
+            // is always written whole (a reader takes a fault in it for corruption, never for
+            // a torn append).
+            Some(end) if !self.tokens.is_empty() && tokens.starts_with(&self.tokens) => {
                 if tokens.len() == self.tokens.len() {
                     return Ok(SaveKind::Unchanged);
                 }

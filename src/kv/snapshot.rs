@@ -355,12 +355,17 @@ fn parse_record(
     let h = &b[..hl];
     let first = u32_at(h, 8);
     let (count, window_rows) = counts(g, h);
-    // A torn write is the last record, cut short or with unwritten pages. A header that fails
-    // its checksum cannot say how long its record is: it is the torn tail unless more bytes
-    // follow than any record could hold (then a later record exists, and this is corruption).
+    // A torn write is the last record of an append, cut short or with unwritten pages. The
+    // first record (position 0) is never appended: a rewrite writes it, whole and synced
+    // before the file is renamed into place, so once its bytes are all there a power cut
+    // cannot have damaged them, and a bad byte in them is corruption wherever the file ends.
+    let appended = have > 0;
+    // A header that fails its checksum cannot say how long its record is: it is the torn tail
+    // unless more bytes follow than any record could hold (then a later record exists, and
+    // this is corruption).
     let len = record_len(g, count, window_rows);
     let room = (g.n_ctx as usize).saturating_sub(have) as u32;
-    let may_be_tail = record_len(g, room, room).is_none_or(|n| rest as u64 <= n);
+    let may_be_tail = appended && record_len(g, room, room).is_none_or(|n| rest as u64 <= n);
     let fault = |e: KvError| {
         if may_be_tail {
             Fault::Torn(e)
@@ -423,8 +428,8 @@ fn parse_record(
         )));
     }
     // Checked above: the whole record is in `b`. With a valid header, a bad section is a torn
-    // write only in the last record.
-    let is_last = len == rest as u64;
+    // write only in the last record, and only if it was appended.
+    let is_last = appended && len == rest as u64;
     let fault = |e: KvError| {
         if is_last {
             Fault::Torn(e)

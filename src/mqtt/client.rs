@@ -178,14 +178,18 @@ impl Sink for ToPublisher {
     }
 }
 
+/// The retained status a device leaves when it goes: called for the will when the client
+/// connects, and again when it stops, so the status it leaves has its last counters and uptime.
+pub type Offline = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 /// Runs the client until `stop` turns true: connects (again and again, with backoff),
 /// subscribes, feeds requests to `service`, publishes answers and the status. Before it
-/// returns it publishes `offline` (retained) and disconnects.
+/// returns it publishes `offline()` (retained) and disconnects.
 pub async fn run(
     s: Settings,
     shared: Shared,
     mut status: StatusRx,
-    offline: Vec<u8>,
+    offline: Offline,
     mut stop: watch::Receiver<bool>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
@@ -206,7 +210,7 @@ pub async fn run(
         // too_large; the broker discards a bigger one (MQTT 5 maximum packet size).
         max_packet: s.limits.max_payload.saturating_mul(2).saturating_add(4096),
         inflight: 32,
-        will: device.then(|| (s.topics.status.as_str(), offline.clone())),
+        will: device.then(|| (s.topics.status.as_str(), offline())),
         credentials: s
             .credentials
             .as_ref()
@@ -335,7 +339,7 @@ pub async fn run(
     // The offline status ourselves (a clean disconnect suppresses the will), then poll until
     // it is out or a bound passes.
     if device {
-        let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline, None);
+        let _ = client.try_publish(&s.topics.status, QoS::AtLeastOnce, true, offline(), None);
     }
     let _ = client.try_disconnect();
     let until = Instant::now() + Duration::from_secs(2);

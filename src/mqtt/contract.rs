@@ -14,7 +14,7 @@
 
 use crate::engine::SamplingParams;
 use crate::engine::store::SessionId;
-use crate::service::{Done, ErrorCode, FinishReason, MAX_ID_LEN, Prompt, Request, ServiceError};
+use crate::service::{Done, ErrorCode, FinishReason, Prompt, Request, ServiceError, check_id};
 use crate::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -206,17 +206,10 @@ pub fn parse_request(
         }
     };
     let (id, generated_id) = match wire.id {
-        Some(id) if valid_id(&id) => (id, false),
-        Some(id) => {
-            return Err(refuse(
-                None,
-                ErrorCode::BadRequest,
-                format!(
-                    "id must have 1 to {MAX_ID_LEN} bytes of printable ASCII, got {} bytes",
-                    id.len()
-                ),
-            ));
-        }
+        Some(id) => match check_id(&id, &ID_RESERVED) {
+            Ok(()) => (id, false),
+            Err(error) => return Err(Refused { id: None, error }),
+        },
         None => (fresh_id(), true),
     };
     let bad = |msg: String| refuse(Some(id.clone()), ErrorCode::BadRequest, msg);
@@ -270,13 +263,13 @@ pub fn parse_request(
     })
 }
 
-/// A request id: 1 to [`MAX_ID_LEN`] bytes of printable ASCII (it becomes a topic level).
+/// What a request id cannot hold over MQTT beyond the service's rule: it becomes a topic level.
+const ID_RESERVED: [char; 3] = ['/', '+', '#'];
+
+/// A request id: 1 to [`MAX_ID_LEN`](crate::service::MAX_ID_LEN) bytes of printable ASCII, and
+/// one topic level.
 pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'+' | b'#' | b'/'))
+    check_id(id, &ID_RESERVED).is_ok()
 }
 
 /// `{"id"}` on the cancel topic: the id to cancel.

@@ -73,7 +73,8 @@ pub trait Core: Send {
 }
 
 /// An `Env` in memory for tests of the cores (and the fuzz targets of the reliability issue):
-/// written bytes collect in `out`, submitted requests in `submitted`.
+/// written bytes collect in `out`, submitted requests in `submitted`. A request the service
+/// would refuse at submission ([`crate::service::check`]) is refused the same way.
 #[derive(Default)]
 pub struct MemEnv {
     pub out: Vec<u8>,
@@ -106,6 +107,8 @@ impl Env for MemEnv {
         if let Some(e) = &self.refuse {
             return Err(e.clone());
         }
+        // What the service refuses at submission, it refuses here too.
+        crate::service::check(&req)?;
         self.submitted.push(req);
         Ok(())
     }

@@ -338,7 +338,7 @@ impl Core for LineCore {
                     let end = format!(
                         "{} {} {}",
                         reason(d.finish_reason),
-                        d.usage.prompt_tokens + d.usage.restored_tokens,
+                        d.usage.prompt_tokens,
                         d.usage.completion_tokens
                     );
                     return reply_raw(env, cs, "END ", &end);

@@ -341,14 +341,15 @@ fn done(
     session: Option<SessionReport>,
 ) -> Done {
     let t = &out.timings;
-    // Positions recomputed from a damaged file's tokens were computed for this answer.
+    // Positions recomputed from a damaged file's tokens were computed for this answer, not
+    // restored.
     let recomputed = recomputed.min(t.restored_tokens);
     Done {
         id: req.id.clone(),
         text,
         finish_reason,
         usage: Usage {
-            prompt_tokens: t.prompt_tokens + recomputed,
+            prompt_tokens: t.prompt_tokens + t.restored_tokens,
             completion_tokens: out.generated.len(),
             restored_tokens: t.restored_tokens - recomputed,
         },

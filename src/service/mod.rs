@@ -36,6 +36,52 @@ use std::time::Instant;
 /// Longest request id.
 pub const MAX_ID_LEN: usize = 128;
 
+/// The checks every request passes when it is submitted, whatever its front end: an id the
+/// service can carry and a prompt with something to answer. [`Handle::submit`] refuses a
+/// request that fails one at once; a front end does not repeat them.
+pub fn check(req: &Request) -> Result<(), ServiceError> {
+    check_id(&req.id, &[])?;
+    prompt::check(req)
+}
+
+/// Checks a request id: 1 to [`MAX_ID_LEN`] bytes of printable ASCII (no space), none of
+/// `reserved` (what a front end cannot carry in an id: MQTT's `/ + #`, as the id becomes a
+/// topic level). A refusal names the first character not allowed and its position (from 1,
+/// in characters), so the sender sees what to change.
+pub fn check_id(id: &str, reserved: &[char]) -> Result<(), ServiceError> {
+    let rule = || {
+        let mut r = format!("1 to {MAX_ID_LEN} bytes of printable ASCII without spaces");
+        for (i, c) in reserved.iter().enumerate() {
+            r.push_str(if i == 0 { " or " } else { " " });
+            r.push(*c);
+        }
+        r
+    };
+    let refuse = |why: String| Err(ServiceError::new(ErrorCode::BadRequest, why));
+    if id.is_empty() {
+        return refuse(format!("the request id is empty; it must have {}", rule()));
+    }
+    if id.len() > MAX_ID_LEN {
+        return refuse(format!(
+            "the request id has {} bytes; it must have {}",
+            id.len(),
+            rule()
+        ));
+    }
+    if let Some((i, c)) = id
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !c.is_ascii_graphic() || reserved.contains(c))
+    {
+        return refuse(format!(
+            "the request id {id:?} has {c:?} at position {}, which is not allowed: an id has {}",
+            i + 1,
+            rule()
+        ));
+    }
+    Ok(())
+}
+
 /// What to answer.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -210,14 +256,16 @@ pub enum FinishReason {
     Timeout,
 }
 
-/// Token counts of one answer.
+/// Token counts of one answer: one definition for every front end (MQTT's `usage`, the line
+/// protocol's and the frames' `END`, the console's summary, `run --json`, the audit trail).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Usage {
-    /// Prompt tokens computed for this answer.
+    /// The whole prompt as the model saw it, computed for this answer or restored.
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens taken from a session's cache (RAM or flash) instead of being computed.
+    /// Of `prompt_tokens`, those taken from a session's cache (RAM or flash) instead of being
+    /// computed: `prompt_tokens - restored_tokens` were computed.
     pub restored_tokens: usize,
 }
 
@@ -403,5 +451,31 @@ impl From<TokenizerError> for ServiceError {
         // A template that rejects a conversation (roles out of order, raise_exception) or a
         // model without one: the request asks for what this model cannot format.
         ServiceError::new(ErrorCode::BadRequest, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_request_id_names_the_character_and_its_position() {
+        assert!(
+            check_id("serial-1f/3", &[]).is_ok(),
+            "/ is MQTT's rule only"
+        );
+        assert!(check_id(&"x".repeat(MAX_ID_LEN), &[]).is_ok());
+        let e = check_id("a/b", &['/', '+', '#']).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        assert_eq!(
+            e.message,
+            "the request id \"a/b\" has '/' at position 2, which is not allowed: an id has 1 to \
+             128 bytes of printable ASCII without spaces or / + #"
+        );
+        let e = check_id("ok\tno", &[]).unwrap_err();
+        assert!(e.message.contains("'\\t' at position 3"), "{e}");
+        let e = check_id(&"x".repeat(MAX_ID_LEN + 1), &[]).unwrap_err();
+        assert!(e.message.contains("has 129 bytes"), "{e}");
+        assert!(check_id("", &[]).unwrap_err().message.contains("empty"));
     }
 }

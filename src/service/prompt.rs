@@ -27,8 +27,26 @@ pub fn text_bytes(req: &Request) -> usize {
     body + req.system.as_ref().map_or(0, |s| s.len())
 }
 
-/// Tokenizes `req`'s prompt for a context of `n_ctx` positions. `template` is the model's chat
-/// template (`None` when it has none: a chat is then refused).
+/// Refuses a prompt with nothing to answer: an empty or whitespace-only raw text, or a chat
+/// whose messages are all empty or whitespace (or that has none). A template would wrap such a
+/// prompt in its turn markers and the model would answer the markers, at length.
+pub fn check(req: &Request) -> Result<(), ServiceError> {
+    let blank = match &req.prompt {
+        Prompt::Text { text, .. } => text.trim().is_empty(),
+        Prompt::Chat(msgs) => msgs.iter().all(|m| m.content.trim().is_empty()),
+        Prompt::Forget => false,
+    };
+    if blank {
+        return Err(ServiceError::new(
+            ErrorCode::BadRequest,
+            "the prompt is empty or only whitespace: there is nothing to answer",
+        ));
+    }
+    Ok(())
+}
+
+/// Tokenizes `req`'s prompt (one that passed [`check`]) for a context of `n_ctx` positions.
+/// `template` is the model's chat template (`None` when it has none: a chat is then refused).
 pub fn build(
     tok: &Tokenizer,
     template: Option<&ChatTemplate>,
@@ -51,9 +69,6 @@ pub fn build(
                     "a system prompt needs a chat (messages), not a raw prompt",
                 ));
             }
-            if text.is_empty() {
-                return Err(empty());
-            }
             (tok.encode(text, true, *special), None)
         }
         Prompt::Forget => {
@@ -63,9 +78,6 @@ pub fn build(
             ));
         }
         Prompt::Chat(messages) => {
-            if messages.is_empty() || messages.iter().all(|m| m.content.is_empty()) {
-                return Err(empty());
-            }
             let template = template.ok_or_else(|| {
                 ServiceError::new(
                     ErrorCode::BadRequest,

@@ -179,19 +179,10 @@ impl Ticket {
 
 impl Handle {
     /// Queues `req`; its events go to `sink`. Refused at once (nothing is sent to `sink`) when
-    /// the queue or the source's share of it is full (`busy`), the id is bad, or the service
-    /// has stopped (`cancelled`).
+    /// the queue or the source's share of it is full (`busy`), the id or the prompt fails
+    /// [`check`](super::check) (`bad_request`), or the service has stopped (`cancelled`).
     pub fn submit(&self, req: Request, sink: Box<dyn Sink>) -> Result<Ticket, ServiceError> {
-        if req.id.is_empty() || req.id.len() > super::MAX_ID_LEN {
-            return Err(ServiceError::new(
-                ErrorCode::BadRequest,
-                format!(
-                    "a request id must have 1 to {} bytes, this one has {}",
-                    super::MAX_ID_LEN,
-                    req.id.len()
-                ),
-            ));
-        }
+        super::check(&req)?;
         let cancel = Arc::new(AtomicBool::new(false));
         let ticket = Ticket {
             id: req.id.clone(),

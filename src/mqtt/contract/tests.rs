@@ -156,7 +156,25 @@ fn malformed_requests_are_refused_with_their_id_when_it_can_be_read() {
             r#"{"id":"a/b","prompt":"x"}"#,
             None,
             ErrorCode::BadRequest,
-            "id must",
+            "'/' at position 2",
+        ),
+        (
+            r#"{"id":"line 3","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "' ' at position 5",
+        ),
+        (
+            r#"{"id":"ré","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "'é' at position 2",
+        ),
+        (
+            r#"{"id":"","prompt":"x"}"#,
+            None,
+            ErrorCode::BadRequest,
+            "the request id is empty",
         ),
         (
             r#"{"id":"r10","prompt":"x""#,
@@ -225,7 +243,7 @@ fn answers_have_the_documented_shape() {
         text: "hello".into(),
         finish_reason: FinishReason::Eog,
         usage: Usage {
-            prompt_tokens: 10,
+            prompt_tokens: 40,
             completion_tokens: 2,
             restored_tokens: 30,
         },
@@ -245,7 +263,7 @@ fn answers_have_the_documented_shape() {
     assert_eq!(
         v,
         json!({"id": "r1", "text": "hello", "finish_reason": "stop",
-               "usage": {"prompt_tokens": 10, "completion_tokens": 2, "restored_tokens": 30},
+               "usage": {"prompt_tokens": 40, "completion_tokens": 2, "restored_tokens": 30},
                "timings": {"queue_ms": 1.235, "ttft_ms": 20.0, "decode_tps": 300.5}, "done": true})
     );
     let names: Vec<_> = [

@@ -507,10 +507,8 @@ fn parse_request(p: &[u8]) -> Result<(u8, u16, &str), &'static str> {
     if flags & !FLAG_RAW != 0 {
         return Err("unknown request flags");
     }
+    // A blank prompt is the service's to refuse, as for every front end.
     let text = std::str::from_utf8(text).map_err(|_| "prompt is not valid UTF-8")?;
-    if text.trim().is_empty() {
-        return Err("empty prompt");
-    }
     Ok((*flags, u16::from_le_bytes([*lo, *hi]), text))
 }
 

@@ -28,7 +28,7 @@ fn done(reason: FinishReason, text: &str) -> Event {
         text: text.into(),
         finish_reason: reason,
         usage: Usage {
-            prompt_tokens: 7,
+            prompt_tokens: 9,
             completion_tokens: 3,
             restored_tokens: 2,
         },
@@ -100,7 +100,7 @@ fn streaming_sends_data_lines_then_end_with_reason_and_counts() {
     c.on_event(text("two\nlines"), &mut env);
     assert_eq!(env.take(), "DATA two\\nlines\r\n");
     c.on_event(done(FinishReason::Length, "two\nlines"), &mut env);
-    // Prompt tokens include those restored from a session.
+    // The whole prompt, as the service counts it (restored tokens included): never added to.
     assert_eq!(env.take(), "END length 9 3\r\n");
 }
 

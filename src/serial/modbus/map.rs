@@ -38,6 +38,9 @@
 //! | 32–156 | `ANSWER_PAGE` | r | 125 registers: bytes `250·PAGE_SELECT …` of the answer |
 //! | 256– | `PROMPT` | rw | `PROMPT_CAPACITY / 2` registers of prompt |
 //!
+//! Anything else (26–31, 157–255, past the prompt) is unmapped: a read or write touching it is
+//! refused with exception 0x02.
+//!
 //! Text (prompt and answer) is UTF-8, two bytes a register, high byte first, NUL-padded, as
 //! SunSpec strings are.
 //!
@@ -61,11 +64,12 @@
 //! |---|---|
 //! | 0x01 illegal function | coils, discrete inputs, any function code but 3, 4, 6, 16, 23 and 43/14 |
 //! | 0x02 illegal data address | a range touching an unmapped address; a write touching a read-only register; FC43/14 individual access to an unknown object |
-//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 1; `PAGE_SELECT` past the answer; a request whose prompt is empty or not UTF-8 |
+//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 1; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
 //! | 0x06 server device busy | `REQUEST_SEQ` written while a request is queued or running; the appliance's queue is full |
 //!
-//! A refused write changes nothing. A request the service refuses for another reason is
-//! accepted and ends at once in status 4 with its error code.
+//! A refused write changes nothing. A request the service refuses for another reason (an
+//! empty or blank prompt, a full context, …) is accepted and ends at once in status 4 with its
+//! error code.
 
 use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request, ServiceError};
 use crate::tokenizer::ChatMessage;
@@ -253,16 +257,25 @@ impl Mailbox {
 
     /// FC03/FC04: `n` registers from `addr`.
     pub fn read(&self, addr: u16, n: u16) -> Result<Vec<u16>, Exception> {
+        self.check_read(addr, n)?;
+        Ok((addr..addr + n).map(|a| self.register(a)).collect())
+    }
+
+    /// Whether `n` registers from `addr` may be read: a quantity of 1 to 125, every address
+    /// mapped (the low block without the gap between the control block and the answer window,
+    /// or the prompt area).
+    fn check_read(&self, addr: u16, n: u16) -> Result<(), Exception> {
         if n == 0 || n as usize > MAX_READ {
             return Err(Exception::IllegalDataValue);
         }
         let end = addr as u32 + n as u32;
-        let in_low = end <= LOW_END as u32;
+        let in_gap = (addr as u32) < ANSWER_PAGE as u32 && end > CONTROL_END as u32;
+        let in_low = end <= LOW_END as u32 && !in_gap;
         let in_prompt = addr >= PROMPT && end <= self.prompt_end() as u32;
         if !in_low && !in_prompt {
             return Err(Exception::IllegalDataAddress);
         }
-        Ok((addr..addr + n).map(|a| self.register(a)).collect())
+        Ok(())
     }
 
     /// The value of one mapped register.
@@ -297,7 +310,7 @@ impl Mailbox {
                 (byte(at) << 8) | byte(at + 1)
             }
             _ if a >= PROMPT => self.prompt.get((a - PROMPT) as usize).copied().unwrap_or(0),
-            // Reserved registers and CANCEL read 0.
+            // The reserved registers (13–15) and CANCEL read 0; 26–31 are refused above.
             _ => 0,
         }
     }
@@ -424,13 +437,7 @@ impl Mailbox {
             return Err(Exception::IllegalDataValue);
         }
         // Check the read's range before writing: a refused transaction changes nothing.
-        if n == 0 || n as usize > MAX_READ {
-            return Err(Exception::IllegalDataValue);
-        }
-        let end = read_addr as u32 + n as u32;
-        if end > LOW_END as u32 && !(read_addr >= PROMPT && end <= self.prompt_end() as u32) {
-            return Err(Exception::IllegalDataAddress);
-        }
+        self.check_read(read_addr, n)?;
         let w = self.write_unchecked_len(write_addr, values)?;
         let r = self.read(read_addr, n)?;
         Ok((w, r))
@@ -443,10 +450,9 @@ impl Mailbox {
             0 => bytes.split(|&b| b == 0).next().unwrap_or(&[]),
             n => &bytes[..n as usize],
         };
+        // An empty or blank prompt is the service's to refuse (status 4, `bad_request`), as for
+        // every front end.
         let text = std::str::from_utf8(text).map_err(|_| Exception::IllegalDataValue)?;
-        if text.is_empty() {
-            return Err(Exception::IllegalDataValue);
-        }
         let prompt = match ctl.mode {
             1 => Prompt::Chat(vec![ChatMessage::new("user", text)]),
             _ => Prompt::Text {

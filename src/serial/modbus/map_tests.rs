@@ -305,6 +305,25 @@ fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
     let a = Exception::IllegalDataAddress;
     assert_eq!(m.read(150, 10).unwrap_err(), a, "past the answer window");
     assert_eq!(m.read(200, 1).unwrap_err(), a, "the gap");
+    // 26–31, between the control block and the answer window, are unmapped too.
+    for (addr, n) in [
+        (26, 1),
+        (31, 1),
+        (26, 6),
+        (25, 2),
+        (30, 3),
+        (0, 32),
+        (0, 125),
+    ] {
+        assert_eq!(m.read(addr, n).unwrap_err(), a, "{n} from {addr}");
+        assert_eq!(
+            m.read_write(addr, n, PAGE_SELECT, &[0]).unwrap_err(),
+            a,
+            "FC23: {n} from {addr}"
+        );
+    }
+    assert_eq!(m.read(0, 26).unwrap().len(), 26, "up to CANCEL");
+    assert_eq!(m.read(ANSWER_PAGE, 125).unwrap().len(), 125);
     assert_eq!(m.read(PROMPT + 500, 1).unwrap_err(), a, "past the prompt");
     assert_eq!(m.read(PROMPT + 499, 1).unwrap(), vec![0]);
     assert_eq!(m.read(65535, 1).unwrap_err(), a);
@@ -346,15 +365,28 @@ fn quantities_and_values_out_of_range_are_illegal_data_values() {
 }
 
 #[test]
-fn an_empty_or_invalid_utf8_prompt_is_refused_and_changes_nothing() {
+fn an_invalid_utf8_prompt_is_refused_and_changes_nothing() {
     let mut m = mailbox();
     let v = Exception::IllegalDataValue;
-    assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v, "empty");
     m.write(PROMPT, &[0xC328]).unwrap(); // 0xC3 then '(' : not UTF-8
     m.write(PROMPT_LEN, &[2]).unwrap();
     assert_eq!(m.write(REQUEST_SEQ, &[1]).unwrap_err(), v);
     assert_eq!(m.read(STATUS, 3).unwrap(), vec![0, 0, 0]);
     assert_eq!(m.read(REQUEST_SEQ, 1).unwrap(), vec![0]);
+}
+
+/// An empty prompt is the service's to refuse, as for every front end: the write is taken and
+/// the request ends in status 4 with `bad_request`.
+#[test]
+fn an_empty_prompt_goes_to_the_service_which_refuses_it() {
+    let mut m = mailbox();
+    let req = match m.write(REQUEST_SEQ, &[1]).unwrap() {
+        Written::Submit(r) => *r,
+        other => panic!("expected a submission, got {other:?}"),
+    };
+    let e = crate::service::check(&req).unwrap_err();
+    assert_eq!(m.refused(&e), None, "the write is acknowledged");
+    assert_eq!(m.read(STATUS, 3).unwrap(), vec![Status::Error as u16, 1, 1]);
 }
 
 #[test]

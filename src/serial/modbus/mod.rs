@@ -2,11 +2,14 @@
 //! reads the answer back, with no custom code on the PLC.
 //!
 //! [`map`] is the register map (a mailbox), pure and tested without a port; [`server`] serves
-//! it with tokio-modbus over a serial port (RTU, reopened when it goes away) and over TCP.
-//! The map is documented in [`map`]'s module docs and in `docs/serial.md`.
+//! it with tokio-modbus over a serial port (RTU, reopened when it goes away) and over TCP,
+//! where [`tcp_guard`] answers a request longer than the protocol allows before tokio-modbus
+//! would drop the connection over it. The map is documented in [`map`]'s module docs and in
+//! `docs/serial.md`.
 
 pub mod map;
 pub mod server;
+pub mod tcp_guard;
 
 pub use map::{Exception, Mailbox, MailboxConfig};
 pub use server::{ModbusConfig, RtuSettings, ServeError, serve_rtu, serve_tcp};

@@ -17,6 +17,7 @@
 //! duplicate of the same descriptor, so line noise never costs a reopen.
 
 use super::map::{Exception, Mailbox, MailboxConfig, Written};
+use super::tcp_guard::{Guarded, tcp_unit_served};
 use crate::serial::stats::{Count, PortState, PortStats};
 use crate::service::worker::Sink;
 use crate::service::{Event, Handle, Ticket};
@@ -95,9 +96,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What names a mailbox in its request ids: `tcp`, or an RTU port's path without `/dev/`
+/// (`ttyS1`, `serial-by-id-usb-FTDI…`), in the characters an id may hold.
+fn id_tag(source: Option<&Path>) -> String {
+    let Some(path) = source else {
+        return "tcp".into();
+    };
+    let p = path.to_string_lossy();
+    let p = p.strip_prefix("/dev/").unwrap_or(&p);
+    let tag: String = p
+        .chars()
+        .map(|c| match c {
+            'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '-',
+        })
+        .collect();
+    // The end of a long path tells ports apart (`…-port0`); ids stay well within their bound.
+    let skip = tag.len().saturating_sub(48);
+    tag[skip..].trim_matches('-').to_owned()
+}
+
 impl Shared {
-    fn new(cfg: &ModbusConfig, handle: Handle, stats: Arc<PortStats>) -> Arc<Shared> {
-        // Unique across restarts: the boot time in seconds and a counter.
+    /// `rtu_path`: the RTU port this mailbox serves, `None` for TCP.
+    fn new(
+        cfg: &ModbusConfig,
+        handle: Handle,
+        stats: Arc<PortStats>,
+        rtu_path: Option<&Path>,
+    ) -> Arc<Shared> {
+        // Unique across restarts (the boot time in seconds) and between mailboxes (the port
+        // they serve), then a counter.
         let boot = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -106,7 +134,7 @@ impl Shared {
             max_prompt_bytes: cfg.max_prompt_bytes,
             max_tokens: cfg.max_tokens,
             max_answer_bytes: cfg.max_answer_bytes,
-            id_prefix: format!("modbus-{boot:x}"),
+            id_prefix: format!("modbus-{}-{boot:x}", id_tag(rtu_path)),
             vendor: "edgellm".into(),
             product: cfg.model_name.clone(),
             version: cfg.version.clone(),
@@ -276,7 +304,7 @@ impl tokio_modbus::server::Service for Service {
     fn call(&self, req: SlaveRequest<'static>) -> Self::Future {
         let ours = match self.units {
             Units::Rtu(u) => req.slave == u,
-            Units::Tcp(u) => req.slave == u || req.slave == 0xFF,
+            Units::Tcp(u) => tcp_unit_served(u, req.slave),
         };
         if !ours {
             return ready(match self.units {
@@ -320,7 +348,7 @@ pub async fn serve_rtu(
     stats: Arc<PortStats>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
+    let shared = Shared::new(&cfg, handle, Arc::clone(&stats), Some(&path));
     let source = format!("modbus:{}", path.display());
     let mut backoff = BACKOFF_MIN;
     let mut opened_before = false;
@@ -436,7 +464,7 @@ pub async fn serve_tcp_listener(
     stats: Arc<PortStats>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let shared = Shared::new(&cfg, handle, Arc::clone(&stats));
+    let shared = Shared::new(&cfg, handle, Arc::clone(&stats), None);
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -452,15 +480,18 @@ pub async fn serve_tcp_listener(
     let server = tokio_modbus::server::tcp::Server::new(listener);
     let unit = cfg.unit_id;
     let on_connected = |stream, peer: SocketAddr| {
-        let shared = Arc::clone(&shared);
+        let (shared, stats) = (Arc::clone(&shared), Arc::clone(&stats));
         async move {
-            tokio_modbus::server::tcp::accept_tcp_connection(stream, peer, |peer| {
-                Ok(Some(Service {
-                    shared: Arc::clone(&shared),
-                    units: Units::Tcp(unit),
-                    source: format!("modbus:{peer}"),
-                }))
-            })
+            let accepted =
+                tokio_modbus::server::tcp::accept_tcp_connection(stream, peer, |peer| {
+                    Ok(Some(Service {
+                        shared: Arc::clone(&shared),
+                        units: Units::Tcp(unit),
+                        source: format!("modbus:{peer}"),
+                    }))
+                })?;
+            // A request longer than the protocol allows is answered, not a dropped connection.
+            Ok(accepted.map(|(service, stream)| (service, Guarded::new(stream, unit, stats))))
         }
     };
     let on_error = |e: std::io::Error| tracing::debug!(error = %e, "Modbus TCP connection ended");
@@ -472,5 +503,37 @@ pub async fn serve_tcp_listener(
             }
         }
         _ = stopped(&mut stop) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_tag;
+    use std::path::Path;
+
+    #[test]
+    fn every_mailbox_names_its_request_ids_after_its_own_port() {
+        let tags: Vec<String> = [
+            None,
+            Some("/dev/ttyS1"),
+            Some("/dev/ttyS2"),
+            Some("/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"),
+            Some("/tmp/pty a"),
+        ]
+        .into_iter()
+        .map(|p| id_tag(p.map(Path::new)))
+        .collect();
+        assert_eq!(tags[..3], ["tcp", "ttyS1", "ttyS2"]);
+        assert!(
+            tags[3].ends_with("usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0")
+                && tags[3].len() <= 48
+                && !tags[3].starts_with('-'),
+            "{}",
+            tags[3]
+        );
+        assert_eq!(tags[4], "tmp-pty-a");
+        for t in &tags {
+            assert!(crate::service::check_id(&format!("modbus-{t}-6b12ee7a-1"), &[]).is_ok());
+        }
     }
 }

@@ -115,12 +115,10 @@ fn long_answer_is_cut_into_frames_at_character_boundaries() {
 
 #[test]
 fn malformed_requests_are_refused_with_bad_request_and_never_submitted() {
-    let cases: [(&[u8], &str); 5] = [
+    let cases: [(&[u8], &str); 3] = [
         (b"\x00\x00", "shorter"),
         (b"\x80\x00\x00hi", "flags"),
         (b"\x00\x00\x00\xff\xfeok", "UTF-8"),
-        (b"\x00\x00\x00", "empty"),
-        (b"\x00\x00\x00  \r\n", "empty"),
     ];
     for (payload, why) in cases {
         let (mut c, mut e) = (core(), env());
@@ -131,6 +129,23 @@ fn malformed_requests_are_refused_with_bad_request_and_never_submitted() {
         assert!(message.contains(why), "{message:?} should say {why}");
         assert!(e.submitted.is_empty());
         assert_eq!(e.counts, [Count::BadInput]);
+    }
+}
+
+#[test]
+fn an_empty_or_blank_prompt_is_the_services_refusal_sent_at_once() {
+    for payload in [
+        &b"\x00\x00\x00"[..],
+        b"\x00\x00\x00  \r\n",
+        b"\x01\x00\x00\t",
+    ] {
+        let (mut c, mut e) = (core(), env());
+        c.on_bytes(&frame(1, kind::REQUEST, payload), &mut e);
+        let f = frames(&mut e);
+        let (index, code, message) = error_of(&f[0]);
+        assert_eq!((f.len(), index, code), (1, REFUSAL_INDEX, 1), "{payload:?}");
+        assert!(message.contains("empty or only whitespace"), "{message:?}");
+        assert!(e.submitted.is_empty());
     }
 }
 
