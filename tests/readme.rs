@@ -46,7 +46,7 @@ fn comparable(line: &str) -> String {
 }
 
 /// The demo's question in `md`'s first command.
-pub fn demo_question(md: &str) -> String {
+fn demo_question(md: &str) -> String {
     let line = md
         .lines()
         .find(|l| l.starts_with("scripts/demo.sh \""))

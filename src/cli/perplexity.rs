@@ -278,7 +278,7 @@ pub fn run(a: Args) -> CliResult {
 
     if a.json {
         let v = json!({
-            "model": a.model.model.display().to_string(),
+            "model": a.model.path().display().to_string(),
             "file": a.file.display().to_string(),
             "n_ctx": n_ctx,
             "chunk": engine.config().chunk,
