@@ -14,7 +14,7 @@
 #     Hugging Face's apply_chat_template does. Debian's package for /usr/bin/python3 rather than
 #     a venv from PyPI: no network at test time, one version per Debian release (3.1.2 on 12,
 #     which transformers accepts: it needs 3.1), and nothing to rebuild when the cache is wiped
-#   - the test model (SmolLM2-135M-Instruct, via models/fetch.sh) is fetched by the test command itself
+#   - the models (SmolLM2, Gemma 3, Qwen2.5-Coder, via models/fetch.sh) are fetched by the test command itself
 set -euo pipefail
 
 need_pkgs=()
