@@ -8,8 +8,9 @@ use std::path::PathBuf;
 /// stopped.
 ///
 /// With no configuration at all it serves the board's default model (`edgellm board detect`
-/// names it; looked for in the models/fetch.sh cache, then /usr/share/edgellm/models) and starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on
-/// 1884), so one command brings up a working appliance offline. Flags override the file.
+/// names it; looked for in the models/fetch.sh cache, then /usr/share/edgellm/models) and
+/// starts an embedded MQTT broker on 127.0.0.1 (MQTT 5 on 1883, 3.1.1 on 1884), so one command
+/// brings up a working appliance offline. Flags override the file.
 #[derive(clap::Args)]
 #[command(after_help = "\
 Examples:
@@ -139,7 +140,6 @@ pub fn config(a: &Args) -> Result<(Config, PathBuf), String> {
                     path.display()
                 ));
             }
-            tracing::info!(board, model = %path.display(), "no model given: the board's default");
             path
         }
     };
