@@ -322,25 +322,36 @@ impl Engine {
         let t0 = self.arena.prof.start();
         let n_chunks = tokens.len().div_ceil(self.cfg.chunk);
         for (i, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
-            let pos0 = s.tokens.len();
-            forward(
-                self.kernels,
-                &self.pool,
-                &self.model,
-                &mut self.arena,
-                &mut s.kv,
-                chunk,
-                pos0,
-                i + 1 == n_chunks,
-            );
-            s.tokens.extend_from_slice(chunk);
+            self.forward_chunk(s, chunk, i + 1 == n_chunks);
         }
+        self.count_fed(t0, tokens.len());
+        Ok(&mut self.arena.logits)
+    }
+
+    /// One forward pass over `chunk` at the session's next position, its tokens appended;
+    /// `logits`: compute the last position's logits into the arena.
+    fn forward_chunk(&mut self, s: &mut Session, chunk: &[u32], logits: bool) {
+        let pos0 = s.tokens.len();
+        forward(
+            self.kernels,
+            &self.pool,
+            &self.model,
+            &mut self.arena,
+            &mut s.kv,
+            chunk,
+            pos0,
+            logits,
+        );
+        s.tokens.extend_from_slice(chunk);
+    }
+
+    /// Adds a feed of `n` tokens begun at `t0` to the profile (when profiling is on).
+    fn count_fed(&mut self, t0: Option<std::time::Instant>, n: usize) {
         if let Some(t0) = t0 {
             let p = &mut self.arena.prof;
             p.wall_ns += t0.elapsed().as_nanos() as u64;
-            p.tokens += tokens.len() as u64;
+            p.tokens += n as u64;
         }
-        Ok(&mut self.arena.logits)
     }
 
     /// Floats of the `room` that [`Engine::feed_each`] needs: one pass's logits, `chunk ×
@@ -376,18 +387,8 @@ impl Engine {
         let n_vocab = self.model.hp.n_vocab;
         let t0 = self.arena.prof.start();
         for (c, chunk) in tokens.chunks(self.cfg.chunk).enumerate() {
-            let (i0, pos0) = (c * self.cfg.chunk, s.tokens.len());
-            forward(
-                self.kernels,
-                &self.pool,
-                &self.model,
-                &mut self.arena,
-                &mut s.kv,
-                chunk,
-                pos0,
-                false,
-            );
-            s.tokens.extend_from_slice(chunk);
+            let i0 = c * self.cfg.chunk;
+            self.forward_chunk(s, chunk, false);
             // This chunk's tokens from `from` on.
             let first = from.max(i0).min(i0 + chunk.len()) - i0;
             if first == chunk.len() {
@@ -407,11 +408,7 @@ impl Engine {
                 each(i0 + first + j, logits);
             }
         }
-        if let Some(t0) = t0 {
-            let p = &mut self.arena.prof;
-            p.wall_ns += t0.elapsed().as_nanos() as u64;
-            p.tokens += tokens.len() as u64;
-        }
+        self.count_fed(t0, tokens.len());
         Ok(())
     }
 }
