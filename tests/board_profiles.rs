@@ -189,3 +189,137 @@ fn every_board_defaults_to_the_best_scoring_model_that_fits_it() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// One BitBake assignment `NAME = "value"` (continuation lines joined, `?=` too) of a recipe.
+fn bb_var(text: &str, name: &str) -> Option<String> {
+    let joined = text.replace("\\\n", " ");
+    joined.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.trim_start();
+        let rest = rest.strip_prefix("?=").or_else(|| rest.strip_prefix('='))?;
+        Some(rest.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// The Yocto model recipes install exactly the files models/models.toml describes (the same
+/// wheels, in the same order, with the same checksums), and the packagegroup gives each
+/// machine the default model of the board profile the daemon detects there: an image boots
+/// with the model its configuration (no model.path) looks for.
+#[test]
+fn yocto_installs_each_machines_board_default_as_models_toml_describes_it() {
+    let root = common::repo_root();
+    let text = std::fs::read_to_string(root.join("models/models.toml")).unwrap();
+    let manifest: toml::Value = toml::from_str(&text).unwrap();
+    let entry = |file: &str| -> toml::Value {
+        manifest["model"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["file"].as_str() == Some(file))
+            .unwrap_or_else(|| panic!("{file} is not in models/models.toml"))
+            .clone()
+    };
+    let s = |v: &toml::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+
+    // Recipe name (PN) → the file it installs, for the multi-part PyPI models.
+    let mut recipes = std::collections::BTreeMap::new();
+    let dir = root.join("yocto/meta-edgellm/recipes-ai/edgellm-model-qwen2.5-coder");
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let path = f.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("bb") {
+            continue;
+        }
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let (pn, pv) = stem.rsplit_once('_').expect("recipe file name PN_PV.bb");
+        let bb = std::fs::read_to_string(&path).unwrap();
+        let file = bb_var(&bb, "EDGELLM_MODEL_FILE").expect("EDGELLM_MODEL_FILE");
+        let m = entry(&file);
+        let at = path.display();
+        assert_eq!(
+            bb_var(&bb, "EDGELLM_MODEL_SHA256"),
+            s(&m, "sha256"),
+            "{at}: sha256"
+        );
+        let n: usize = s(&m, "parts").unwrap().parse().unwrap();
+        let members: Vec<String> = bb_var(&bb, "EDGELLM_MODEL_PARTS")
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        let urls: Vec<String> = bb_var(&bb, "SRC_URI")
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!((members.len(), urls.len()), (n, n), "{at}: parts");
+        for i in 1..=n {
+            let wheel = s(&m, &format!("source_file_{i}")).unwrap();
+            let url = urls[i - 1].replace("${PV}", pv);
+            assert!(
+                url.contains(&format!("/{wheel};")) && url.ends_with(&format!(";name=part{i}")),
+                "{at}: part {i} is {url}, models.toml's is {wheel}"
+            );
+            let sum = bb_var(&bb, &format!("SRC_URI[part{i}.sha256sum]"));
+            assert_eq!(
+                sum,
+                s(&m, &format!("source_sha256_{i}")),
+                "{at}: part {i} sha256"
+            );
+            assert_eq!(
+                Some(&members[i - 1]),
+                s(&m, &format!("source_path_{i}")).as_ref(),
+                "{at}: part {i} member"
+            );
+        }
+        recipes.insert(pn.to_owned(), file);
+    }
+    assert_eq!(recipes.len(), 2, "{}: {recipes:?}", dir.display());
+
+    // The Yocto MACHINE of each profiled board (the BSP layers' names); any other aarch64
+    // machine is detected as generic-aarch64.
+    let machines = [
+        ("raspberrypi4-64", "rpi4b"),
+        ("raspberrypi5", "rpi5"),
+        ("imx8mp-lpddr4-evk", "imx8mp"),
+        ("rock-5b", "rk3588"),
+    ];
+    let pg = std::fs::read_to_string(
+        root.join("yocto/meta-edgellm/recipes-ai/packagegroups/packagegroup-edgellm.bb"),
+    )
+    .unwrap();
+    let default_of = |profile: &str| board::get(profile).unwrap().default_model.clone();
+    let installed = |var: &str| {
+        let pn = bb_var(&pg, var).unwrap_or_else(|| panic!("packagegroup: no {var}"));
+        recipes
+            .get(&pn)
+            .cloned()
+            .unwrap_or_else(|| panic!("{var}: no recipe {pn}"))
+    };
+    let mut wrong = Vec::new();
+    let generic = installed("EDGELLM_BOARD_MODEL");
+    if generic != default_of("generic-aarch64") {
+        wrong.push(format!(
+            "any machine: {generic}, generic-aarch64's default is {}",
+            default_of("generic-aarch64")
+        ));
+    }
+    for (machine, profile) in machines {
+        let got = installed(&format!("EDGELLM_BOARD_MODEL:{machine}"));
+        if got != default_of(profile) {
+            wrong.push(format!(
+                "{machine}: {got}, {profile}'s default is {}",
+                default_of(profile)
+            ));
+        }
+    }
+    // Every profiled aarch64 board has its machine here.
+    for p in board::profiles() {
+        let named = machines.iter().any(|(_, prof)| *prof == p.name);
+        if p.name != "generic-aarch64" && p.name != "x86-64-gateway" && !named {
+            wrong.push(format!(
+                "board/{}.toml has no Yocto machine in this test",
+                p.name
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -200,3 +200,46 @@ fn a_profile_whose_cpus_this_machine_lacks_serves_unpinned_and_says_so() {
     assert!(log.contains("board=rk3588 threads=4 cpus= "), "{log}");
     assert!(d.terminate(Duration::from_secs(20)).success());
 }
+
+/// The configuration the .deb and the Yocto recipe install names no model file: on every
+/// board it resolves to that board's default in the model directories (the cache first,
+/// then /usr/share/edgellm/models), and a missing one is refused naming the file to fetch.
+#[test]
+fn the_packaged_configuration_loads_each_boards_default_model() {
+    let conf = common::repo_root().join("board/systemd/edgellm.toml");
+    let conf = conf.to_str().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::create_dir(cache.path().join("models")).unwrap();
+    let run = |board: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_edgellm"))
+            .args(["serve", "--config", conf, "--board", board, "--check"])
+            .env("EDGELLM_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    for p in edgellm::board::profiles() {
+        let file = &p.default_model;
+        // Not in the cache (nor, on a test machine, in /usr/share): refused, naming it.
+        let o = run(&p.name);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{}: {e}", p.name);
+        assert!(
+            e.contains(&format!("board {}'s default model is {file}", p.name))
+                && e.contains("models/fetch.sh default"),
+            "{}: {e}",
+            p.name
+        );
+        // In the cache: the configuration is good and names that file.
+        let path = cache.path().join("models").join(file);
+        std::fs::write(&path, b"").unwrap();
+        let o = run(&p.name);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}: {o:?}", p.name);
+        assert!(
+            out.contains(&format!("configuration OK: model {}", path.display())),
+            "{}: {out}",
+            p.name
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -22,8 +22,6 @@ EDGELLM_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea37372
 
 inherit allarch
 
-# base.bbclass adds unzip-native from the URL's name, which ends in .whl.
-do_unpack[depends] += "unzip-native:do_populate_sysroot"
 do_configure[noexec] = "1"
 do_compile[noexec] = "1"
 

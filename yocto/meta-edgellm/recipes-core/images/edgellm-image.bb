@@ -17,5 +17,6 @@ IMAGE_INSTALL = "\
 "
 IMAGE_LINGUAS = ""
 
-# The model alone is ~94 MiB; leave room (KiB) for session snapshots in /var/lib/edgellm.
+# The rootfs counts the model (0.5-1.1 GiB); leave room (KiB) for session snapshots in
+# /var/lib/edgellm (~57 MiB each for the 1.5B at ctx 2048).
 IMAGE_ROOTFS_EXTRA_SPACE = "262144"
