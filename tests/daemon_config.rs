@@ -552,16 +552,19 @@ fn a_file_over_one_mebibyte_is_refused_unread() {
 
 #[test]
 fn a_password_in_a_file_others_can_read_is_refused() {
-    for mode in [0o644, 0o640, 0o604] {
+    for mode in [0o644, 0o604, 0o660] {
         let (_dir, path) = file(REMOTE_WITH_PASSWORD, mode);
         let e = Config::load(&path).unwrap_err();
         assert_eq!(e.key(), Some("mqtt.password"), "{e}");
         assert!(e.to_string().contains(&format!("mode {mode:03o}")), "{e}");
         assert!(!e.to_string().contains("hunter2"), "{e}");
     }
-    let (_dir, path) = file(REMOTE_WITH_PASSWORD, 0o600);
-    let c = Config::load(&path).unwrap();
-    assert_eq!(c.password().unwrap().unwrap().expose(), "hunter2");
+    // 0600, and 0640 in this process's own group (the file is made in it).
+    for mode in [0o600, 0o640] {
+        let (_dir, path) = file(REMOTE_WITH_PASSWORD, mode);
+        let c = Config::load(&path).unwrap();
+        assert_eq!(c.password().unwrap().unwrap().expose(), "hunter2");
+    }
     let (_dir, path) = file("[mqtt]\nprefix = \"x\"\n", 0o644);
     Config::load(&path).expect("a file without secrets may be world-readable");
 }
@@ -576,7 +579,10 @@ fn a_password_file_others_can_read_is_refused_and_a_private_one_is_read() {
     std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = Config::load(&path).unwrap_err();
     assert_eq!(e.key(), Some("mqtt.password_file"), "{e}");
-    assert!(e.to_string().contains("readable by group or others"), "{e}");
+    assert!(
+        e.to_string().contains("others may read it (mode 644)"),
+        "{e}"
+    );
     std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
     let c = Config::load(&path).unwrap();
     assert_eq!(
@@ -781,4 +787,131 @@ fn the_modbus_section_takes_a_tcp_address_and_holds_the_unit_id_to_its_range() {
         .parse::<Config>()
         .unwrap_err();
     assert!(e.to_string().contains("modbus.tcp"), "{e}");
+}
+
+/// The packaged layout, as the unit meets it: the configuration root-owned, mode 0640, in
+/// the daemon's group, read by a daemon that is neither root nor the owner, with the
+/// password in it. The same file in another group the daemon's user owns is refused: that
+/// group's members could read the password. (Run as root, as the test command runs, to
+/// switch to an unprivileged user and group.)
+#[test]
+fn a_password_in_the_packaged_0640_root_daemon_group_file_is_accepted() {
+    use std::os::unix::fs::chown;
+    use std::os::unix::process::CommandExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test switches to an unprivileged user: run it as root"
+    );
+    let (daemon_uid, daemon_gid, other_gid) = (65534u32, 65533u32, 65532u32);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The binary where the unprivileged user can run it (the build directory may not be).
+    let bin = dir.path().join("edgellm");
+    std::fs::copy(env!("CARGO_BIN_EXE_edgellm"), &bin).unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"").unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[model]\npath = {model:?}\n[mqtt]\nbroker = \"127.0.0.1:1883\"\nusername = \"plc\"\npassword = \"hunter2\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&conf, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let check = || {
+        std::process::Command::new(&bin)
+            .args(["serve", "--config", conf.to_str().unwrap(), "--check"])
+            .uid(daemon_uid)
+            .gid(daemon_gid)
+            .output()
+            .unwrap()
+    };
+    // root:daemon-group 0640: what the .deb's postinst and the Yocto recipe install.
+    chown(&conf, Some(0), Some(daemon_gid)).unwrap();
+    let o = check();
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("configuration OK"),
+        "{o:?}"
+    );
+    // Owned by the daemon's user, but readable by another group: refused, saying why.
+    chown(&conf, Some(daemon_uid), Some(other_gid)).unwrap();
+    let o = check();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&format!(
+            "group {other_gid} may read it (mode 640) and is not the daemon's group"
+        )),
+        "{e}"
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+}
+
+/// An error found after parsing (a range, a combination) names the line of its key, as the
+/// parser's own errors do: the technician goes straight to it. A key that is missing names
+/// the table it belongs in.
+#[test]
+fn errors_found_after_parsing_name_the_line_of_the_key() {
+    let text = "# site configuration\n\n[mqtt]\nbroker = \"embedded\"\nkeepalive_s = 4\n";
+    let (_dir, path) = file(text, 0o644);
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}:5: mqtt.keepalive_s: 4 is out of range 5..=3600",
+            path.display()
+        )
+    );
+    let text =
+        "[[serial]]\npath = \"/dev/ttyS0\"\n\n[[serial]]\npath = \"/dev/ttyS1\"\nbaud = 1000000\n";
+    let (_dir, path) = file(text, 0o644);
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("{}:6: serial[1].baud: ", path.display())),
+        "{e}"
+    );
+    // A password without a user name: the key that is there.
+    let text = "[mqtt]\nbroker = \"127.0.0.1:1883\"\n\npassword = \"x\"\n";
+    let (_dir, path) = file(text, 0o600);
+    let e = Config::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "{}:4: mqtt.password: a password needs mqtt.username",
+            path.display()
+        )
+    );
+}
+
+/// `modbus.tcp` takes host:port as the reference says: an address, `[ipv6]:port`, or a name
+/// resolved when the file is read; anything else is refused naming the key.
+#[test]
+fn modbus_tcp_takes_a_host_name_or_an_address() {
+    let tcp = |v: &str| format!("[modbus]\ntcp = {v:?}\n").parse::<Config>();
+    assert_eq!(
+        tcp("localhost:1502")
+            .unwrap()
+            .modbus
+            .tcp
+            .map(|a| (a.ip().is_loopback(), a.port())),
+        Some((true, 1502))
+    );
+    assert_eq!(
+        tcp("0.0.0.0:502").unwrap().modbus.tcp,
+        Some("0.0.0.0:502".parse().unwrap())
+    );
+    assert_eq!(
+        tcp("[::1]:502").unwrap().modbus.tcp,
+        Some("[::1]:502".parse().unwrap())
+    );
+    for bad in ["localhost", "localhost:99999", ":502"] {
+        assert_refused(&format!("[modbus]\ntcp = {bad:?}\n"), "modbus.tcp", "");
+    }
+    assert_refused(
+        "[modbus]\ntcp = \"plc:x\"\n",
+        "modbus.tcp",
+        "is not host:port",
+    );
 }

@@ -57,8 +57,8 @@ pub struct Args {
     /// `console`; repeat for more ports. Replaces the file's [[serial]] ports.
     #[arg(long, value_name = "PATH[:BAUD[:MODE]]")]
     serial: Vec<String>,
-    /// Serve Modbus TCP on ADDR (`0.0.0.0:502`), as `modbus.tcp`.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve Modbus TCP on ADDR (`0.0.0.0:502`, `localhost:1502`), as `modbus.tcp`.
+    #[arg(long, value_name = "ADDR", value_parser = edgellm::daemon::config::parse_listen_addr)]
     modbus_tcp: Option<std::net::SocketAddr>,
     /// Apply a board profile (`edgellm board list`): threads, CPU affinity, the kernel path
     /// check, the memory budget. As `model.board`.

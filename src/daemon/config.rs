@@ -24,16 +24,18 @@ use check::{Bad, bad};
 use serde::Deserialize;
 use std::fmt;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 mod check;
+mod lines;
 mod sections;
+use lines::{KeyLines, line_at};
 
 pub use sections::{
     AuditSection, LimitsConfig, LogConfig, ModbusTcpConfig, ModelConfig, MqttConfig, Parity,
     Protocol, Secret, SerialConfig, SerialFlow, SerialMode, StateConfig, TlsConfig,
+    parse_listen_addr,
 };
 
 /// Largest configuration file read: anything bigger is not a configuration.
@@ -169,6 +171,9 @@ pub struct Config {
     /// Keys set by [`Config::apply`]: their errors name the override, not the file.
     #[serde(skip)]
     overridden: Vec<&'static str>,
+    /// The line of each key of the file, for the errors found after parsing.
+    #[serde(skip)]
+    lines: KeyLines,
 }
 
 /// The settings the command line may override (flags win over the file).
@@ -205,7 +210,7 @@ impl Config {
     /// holds `mqtt.password` must not be readable by group or others, nor may the
     /// `mqtt.password_file` or the TLS key.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let (text, mode) = read_bounded(path, MAX_FILE_BYTES)?;
+        let (text, access) = read_bounded(path, MAX_FILE_BYTES)?;
         let origin = Origin::File(path.to_owned());
         let text = String::from_utf8(text).map_err(|_| ConfigError::Syntax {
             origin: origin.clone(),
@@ -218,13 +223,15 @@ impl Config {
             cfg.resolve_paths(dir);
         }
         cfg.check()?;
-        if cfg.mqtt.password.is_some() && mode & 0o077 != 0 {
+        if cfg.mqtt.password.is_some()
+            && let Some(why) = access.exposed()
+        {
             return Err(cfg.invalid(bad(
                 "mqtt.password",
                 format!(
-                    "the file holds a password but group or others may read it (mode {:03o}); \
-                     make it private (chmod 600) or move the password to mqtt.password_file",
-                    mode & 0o777
+                    "the file holds a password but {why}; make it 0600, or 0640 in the \
+                     daemon's group (chgrp edgellm), or move the password to \
+                     mqtt.password_file"
                 ),
             )));
         }
@@ -326,9 +333,9 @@ impl Config {
         let Some(path) = &self.mqtt.password_file else {
             return Ok(None);
         };
-        let (bytes, mode) = read_bounded(path, MAX_PASSWORD_FILE_BYTES)
+        let (bytes, access) = read_bounded(path, MAX_PASSWORD_FILE_BYTES)
             .map_err(|e| self.invalid(bad("mqtt.password_file", e.to_string())))?;
-        self.check_private_mode("mqtt.password_file", path, mode)?;
+        self.check_private("mqtt.password_file", path, access)?;
         let text = String::from_utf8(bytes)
             .map_err(|_| self.invalid(bad("mqtt.password_file", "the file is not UTF-8 text")))?;
         let line = text.lines().next().unwrap_or("");
@@ -457,9 +464,13 @@ impl Config {
     }
 
     fn invalid(&self, b: Bad) -> ConfigError {
+        let origin = self.origin_of(&b.key);
         ConfigError::Invalid {
-            origin: self.origin_of(&b.key),
-            line: None,
+            line: match origin {
+                Origin::Override => None,
+                _ => self.lines.line(&b.key),
+            },
+            origin,
             key: b.key,
             reason: b.reason,
         }
@@ -469,21 +480,20 @@ impl Config {
     fn private_file(&self, key: &str, path: &Path) -> Result<(), ConfigError> {
         let meta = std::fs::metadata(path)
             .map_err(|e| self.invalid(bad(key, format!("cannot read {}: {e}", path.display()))))?;
-        self.check_private_mode(key, path, meta.permissions().mode())
+        self.check_private(key, path, Access::of(&meta))
     }
 
-    fn check_private_mode(&self, key: &str, path: &Path, mode: u32) -> Result<(), ConfigError> {
-        if mode & 0o077 == 0 {
-            return Ok(());
+    fn check_private(&self, key: &str, path: &Path, access: Access) -> Result<(), ConfigError> {
+        match access.exposed() {
+            None => Ok(()),
+            Some(why) => Err(self.invalid(bad(
+                key,
+                format!(
+                    "{}: {why}; make it 0600, or 0640 in the daemon's group (chgrp edgellm)",
+                    path.display()
+                ),
+            ))),
         }
-        Err(self.invalid(bad(
-            key,
-            format!(
-                "{} is readable by group or others (mode {:03o}); make it private (chmod 600)",
-                path.display(),
-                mode & 0o777
-            ),
-        )))
     }
 
     fn resolve_paths(&mut self, dir: &Path) {
@@ -551,51 +561,97 @@ pub fn parse_serial(arg: &str) -> Result<SerialConfig, String> {
 
 /// Parses TOML into a [`Config`] (not yet validated); errors carry the key's path and the line.
 fn parse(text: &str, origin: &Origin) -> Result<Config, ConfigError> {
-    let line_of = |span: Option<std::ops::Range<usize>>| {
-        span.map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-    };
+    let line_of = |span: Option<std::ops::Range<usize>>| span.map(|s| line_at(text, s.start));
     let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Syntax {
         origin: origin.clone(),
         line: line_of(e.span()),
         reason: one_line(e.message()),
     })?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let mut key = e.path().to_string();
-        let inner = e.into_inner();
-        let line = line_of(inner.span());
-        let mut reason = one_line(inner.message());
-        // serde names a missing key in the message; the key belongs in the path.
-        if let Some(field) = reason
-            .strip_prefix("missing field `")
-            .and_then(|r| r.strip_suffix('`'))
-        {
-            key = format!("{key}.{field}");
-            reason = "is required".to_owned();
-        }
-        if key.is_empty() || key == "." {
-            ConfigError::Syntax {
-                origin: origin.clone(),
-                line,
-                reason,
+    let parsed: Result<Config, _> = serde_path_to_error::deserialize(de);
+    parsed
+        .map(|c| Config {
+            lines: KeyLines::of(text),
+            ..c
+        })
+        .map_err(|e| {
+            let mut key = e.path().to_string();
+            let inner = e.into_inner();
+            let line = line_of(inner.span());
+            let mut reason = one_line(inner.message());
+            // serde names a missing key in the message; the key belongs in the path.
+            if let Some(field) = reason
+                .strip_prefix("missing field `")
+                .and_then(|r| r.strip_suffix('`'))
+            {
+                key = format!("{key}.{field}");
+                reason = "is required".to_owned();
             }
-        } else {
-            ConfigError::Invalid {
-                origin: origin.clone(),
-                line,
-                key,
-                reason,
+            if key.is_empty() || key == "." {
+                ConfigError::Syntax {
+                    origin: origin.clone(),
+                    line,
+                    reason,
+                }
+            } else {
+                ConfigError::Invalid {
+                    origin: origin.clone(),
+                    line,
+                    key,
+                    reason,
+                }
             }
-        }
-    })
+        })
 }
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Reads at most `max` bytes of a file, with its mode (of the file opened, not of a path
-/// that might change between a stat and the read).
-fn read_bounded(path: &Path, max: u64) -> Result<(Vec<u8>, u32), ConfigError> {
+/// Who besides the owner may read a file that holds a secret.
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    mode: u32,
+    gid: u32,
+}
+
+impl Access {
+    fn of(meta: &std::fs::Metadata) -> Access {
+        use std::os::unix::fs::MetadataExt;
+        Access {
+            mode: meta.mode(),
+            gid: meta.gid(),
+        }
+    }
+
+    /// Why the secret is exposed, if it is. One rule for every package: others have no
+    /// access, and the group has none either unless it is the daemon's own. The .deb and
+    /// the Yocto image install the configuration 0640 root:edgellm, so the unit (User=edgellm)
+    /// reads it and nobody else does; 0600 owned by the daemon's user works too. Root reads
+    /// every file anyway, and a technician checking the packaged file as root must be told
+    /// what the unit will accept, so for root any group may read.
+    fn exposed(self) -> Option<String> {
+        let mode = self.mode & 0o777;
+        if mode & 0o007 != 0 {
+            return Some(format!("others may read it (mode {mode:03o})"));
+        }
+        if mode & 0o020 != 0 {
+            return Some(format!("its group may write it (mode {mode:03o})"));
+        }
+        let own_group = self.gid == nix::unistd::getegid().as_raw();
+        let root = nix::unistd::geteuid().is_root();
+        if mode & 0o070 != 0 && !own_group && !root {
+            return Some(format!(
+                "group {} may read it (mode {mode:03o}) and is not the daemon's group",
+                self.gid
+            ));
+        }
+        None
+    }
+}
+
+/// Reads at most `max` bytes of a file, with its mode and group (of the file opened, not of
+/// a path that might change between a stat and the read).
+fn read_bounded(path: &Path, max: u64) -> Result<(Vec<u8>, Access), ConfigError> {
     let read_err = |source| ConfigError::Read {
         file: path.to_owned(),
         source,
@@ -614,7 +670,7 @@ fn read_bounded(path: &Path, max: u64) -> Result<(Vec<u8>, u32), ConfigError> {
     if buf.len() as u64 > max {
         return Err(too_large());
     }
-    Ok((buf, meta.permissions().mode()))
+    Ok((buf, Access::of(&meta)))
 }
 
 #[cfg(test)]

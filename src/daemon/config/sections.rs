@@ -94,6 +94,36 @@ fn de_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(SizeVisitor)
 }
 
+fn de_listen_addr<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_listen_addr(&s).map(Some).map_err(de::Error::custom)
+}
+
+/// A listening address: `ip:port`, `[ipv6]:port`, or `name:port` with the name resolved once,
+/// now (`localhost`, a name of /etc/hosts), to its first address.
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{s:?} is not host:port"));
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return Err(format!("{s:?} is not host:port (a port is 0 to 65535)"));
+    };
+    if host.is_empty() {
+        return Err(format!("{s:?} is not host:port"));
+    }
+    match (host, port).to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(a)) => Ok(a),
+        Ok(None) => Err(format!("{host:?} has no address")),
+        Err(e) => Err(format!("cannot resolve {host:?}: {e}")),
+    }
+}
+
 fn de_kv_type<'de, D: Deserializer<'de>>(d: D) -> Result<KvType, D::Error> {
     let s = String::deserialize(d)?;
     KvType::parse(&s).map_err(de::Error::custom)
@@ -277,7 +307,9 @@ fn default_unit_id() -> u32 {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModbusTcpConfig {
-    /// Listen here for Modbus TCP masters (`"0.0.0.0:502"`); none by default.
+    /// Listen here for Modbus TCP masters (`"0.0.0.0:502"`, `"localhost:1502"`); none by
+    /// default.
+    #[serde(deserialize_with = "de_listen_addr")]
     pub tcp: Option<std::net::SocketAddr>,
     /// The unit id served over TCP (0xFF is served too).
     pub unit_id: u32,
