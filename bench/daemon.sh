@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The daemon's figures, side by side in one run (issue 14, "Benchmarks"), with the release
-# binary on loopback: start to READY=1 with the default model; the daemon's overhead (client
-# time to first chunk minus the daemon's queue wait and time to first token, from
-# `edgellm ask --repeat`); streamed tokens/s under a steady load against `edgellm bench` tg at
-# the same threads, alternating; idle CPU-seconds over IDLE_S seconds and RSS idle and under
-# load (/proc); the stripped binary's size with and without the embedded-broker feature.
+# The daemon's figures, side by side in one run, with the release binary on loopback: start
+# to READY=1 with the default model; the daemon's overhead (client time to first chunk minus
+# the daemon's queue wait and time to first token, from `edgellm ask --repeat`); streamed
+# tokens/s under a steady load against `edgellm bench` tg at the same threads, alternating;
+# idle CPU-seconds over IDLE_S seconds and RSS idle and under load (/proc); the stripped
+# binary's size with and without the embedded-broker feature.
 #
 # It starts its own Mosquitto brokers on free loopback ports, with configs it writes (one with
 # set_tcp_nodelay, where the figures come from; one stock, for comparison), and stops

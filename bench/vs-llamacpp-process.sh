@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Whole-process side-by-side of edgellm and llama.cpp (issue #5's start-up, memory and CPU
-# targets): each engine is run as a fresh process, the two alternate (and swap who goes first
+# Whole-process side-by-side of edgellm and llama.cpp (start-up time, memory and CPU
+# per token): each engine is run as a fresh process, the two alternate (and swap who goes first
 # each run) so that machine noise hits both alike, and every row is a ratio measured in the
 # same run. Called by bench/vs-llamacpp.sh; runs on its own too.
 #

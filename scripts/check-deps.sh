@@ -3,7 +3,7 @@
 # older copies deny.toml names, with the crate that holds on to each), sources (crates.io only).
 # Offline: the crates are fetched first (from crates.io, as any build does); the check itself
 # reaches nothing. Advisories are not checked here: their database is a git repository on
-# GitHub, which this workplace does not reach (docs/dependencies.md, Advisories).
+# GitHub, which the offline CI does not reach (docs/dependencies.md, Advisories).
 #
 #   scripts/check-deps.sh            install cargo-deny if needed, then check
 #   scripts/check-deps.sh --install  only install it (scripts/test.sh does this in the

@@ -21,7 +21,8 @@ for deb in "${debs[@]}"; do
     echo "check-package: $deb ($arch, $(du -h "$deb" | cut -f1))"
     list=$(dpkg-deb -c "$deb" | awk '{print $NF}')
     for f in ./usr/bin/edgellm ./usr/lib/systemd/system/edgellm.service ./etc/edgellm/edgellm.toml \
-             ./usr/share/doc/edgellm/config.md ./usr/share/edgellm/systemd/serial-only.conf; do
+             ./usr/share/doc/edgellm/config.md ./usr/share/doc/edgellm/zh-CN/config.md \
+             ./usr/share/edgellm/systemd/serial-only.conf; do
         grep -qx -- "$f" <<<"$list" || fail "$deb has no $f"
     done
     scratch=$(mktemp -d)
