@@ -514,7 +514,7 @@ fn a_file_error_names_the_file_and_the_line() {
     let e = Config::load(&path).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("{}: mqtt.qos: 7 is out of range 0..=2", path.display())
+        format!("{}:4: mqtt.qos: 7 is out of range 0..=2", path.display())
     );
     let (_dir, path) = file("[model]\nctx = \"big\"\n", 0o644);
     let msg = Config::load(&path).unwrap_err().to_string();
@@ -740,7 +740,7 @@ fn an_override_is_held_to_the_files_credentials_rule() {
     assert_eq!(e.key(), Some("mqtt.password"), "{e}");
     assert!(
         e.to_string()
-            .starts_with("configuration: mqtt.password: credentials"),
+            .starts_with("configuration:4: mqtt.password: credentials"),
         "{e}"
     );
 }
