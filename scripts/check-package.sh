@@ -21,6 +21,7 @@ for deb in "${debs[@]}"; do
     echo "check-package: $deb ($arch, $(du -h "$deb" | cut -f1))"
     list=$(dpkg-deb -c "$deb" | awk '{print $NF}')
     for f in ./usr/bin/edgellm ./usr/lib/systemd/system/edgellm.service ./etc/edgellm/edgellm.toml \
+             ./usr/lib/systemd/system/edgellm-modbus.socket \
              ./usr/share/doc/edgellm/config.md ./usr/share/doc/edgellm/zh-CN/config.md \
              ./usr/share/edgellm/systemd/serial-only.conf; do
         grep -qx -- "$f" <<<"$list" || fail "$deb has no $f"
@@ -32,6 +33,7 @@ for deb in "${debs[@]}"; do
     file -b "$scratch/root/usr/bin/edgellm" | grep -q "$want" || fail "$deb: the binary is not $want: $(file -b "$scratch/root/usr/bin/edgellm")"
     grep -qx /etc/edgellm/edgellm.toml "$scratch/control/conffiles" || fail "$deb: edgellm.toml is not a conffile"
     grep -q 'useradd --system' "$scratch/control/postinst" || fail "$deb: the postinst makes no user"
+    grep -q 'chmod 0640 "$conf"' "$scratch/control/postinst" || fail "$deb: the postinst does not make the configuration 0640"
     grep -q 'deb-systemd-helper enable edgellm.service' "$scratch/control/postinst" || fail "$deb: the postinst does not enable the unit"
     cmp -s "$scratch/root/usr/lib/systemd/system/edgellm.service" board/systemd/edgellm.service || fail "$deb: the unit differs from board/systemd/edgellm.service"
     rm -rf "$scratch"
@@ -45,9 +47,9 @@ mkdir -p "$root/lib/systemd/system" "$root/bin"
 cp -a /lib/systemd/system/. "$root/lib/systemd/system/"
 cp /bin/kill "$root/bin/"
 dpkg-deb -x "$amd64" "$root"
-out=$(systemd-analyze verify --root="$root" edgellm.service 2>&1) || fail "systemd-analyze verify: $out"
+out=$(systemd-analyze verify --root="$root" edgellm.service edgellm-modbus.socket 2>&1) || fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify printed (it must print nothing): $out"
-echo "check-package: systemd-analyze verify edgellm.service: clean"
+echo "check-package: systemd-analyze verify edgellm.service edgellm-modbus.socket: clean"
 
 # 3. security. What an MQTT + serial appliance cannot give up, and why:
 network_needs=(

@@ -617,3 +617,63 @@ fn a_taken_modbus_tcp_address_fails_the_start_and_says_why() {
         "{log}"
     );
 }
+
+/// Modbus TCP on a socket systemd bound (`edgellm-modbus.socket`: port 502 under a unit
+/// without capabilities), started as systemd does it: `systemd-socket-activate` listens, the
+/// first master's connection starts the daemon, which takes the socket named `modbus` (no
+/// `modbus.tcp` in its configuration) and answers that master, then a second one.
+#[test]
+fn a_socket_systemd_passes_serves_modbus_tcp_without_modbus_tcp_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("daemon.log");
+    let m = model();
+    let mut activator = Command::new("systemd-socket-activate")
+        .args(["-l", &format!("127.0.0.1:{port}"), "--fdname=modbus"])
+        .arg(env!("CARGO_BIN_EXE_edgellm"))
+        .args([
+            "serve", "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("systemd-socket-activate (Debian's systemd package)");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    // Listening before the daemon exists: wait for the activator's socket.
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < until,
+            "systemd-socket-activate does not listen"
+        );
+        assert!(
+            activator.try_wait().unwrap().is_none(),
+            "the activator exited"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut activator = Kill(activator);
+    let want = run_text(PROMPT, TOKENS as usize, 512);
+    rt().block_on(async {
+        for seq in [21, 22] {
+            let mut ctx = tcp_master(port, 1).await;
+            assert_eq!(
+                ask(&mut ctx, PROMPT, TOKENS, seq).await,
+                want,
+                "request {seq}"
+            );
+        }
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("Modbus TCP on the socket systemd passed"),
+        "{text}"
+    );
+    assert!(activator.0.try_wait().unwrap().is_none(), "{text}");
+}

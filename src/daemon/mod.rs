@@ -3,6 +3,7 @@
 //! applies the board profile, and answers to systemd. Nothing below it knows a configuration file exists; each layer
 //! takes its own plain settings struct, which [`Config`]'s getters produce.
 
+mod activation;
 pub mod board;
 mod broker;
 pub mod config;

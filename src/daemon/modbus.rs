@@ -79,9 +79,27 @@ pub fn start(
         )));
         out.ports.push(stats);
     }
-    if let Some(addr) = cfg.modbus.tcp {
-        let listener = server::bind_tcp(addr).map_err(|e| DaemonError::Config(e.to_string()))?;
-        let stats = Arc::new(PortStats::new(addr.to_string(), "modbus-tcp"));
+    // A socket systemd opened (edgellm-modbus.socket, for port 502 under a unit without
+    // capabilities) wins over binding `modbus.tcp` ourselves, and needs no `modbus.tcp`.
+    let listener = match super::activation::tcp_listener("modbus") {
+        Some(Ok(l)) => {
+            let at = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!(addr = %at, "Modbus TCP on the socket systemd passed");
+            Some(l)
+        }
+        Some(Err(e)) => return Err(DaemonError::Config(format!("Modbus TCP: {e}"))),
+        None => match cfg.modbus.tcp {
+            Some(addr) => {
+                Some(server::bind_tcp(addr).map_err(|e| DaemonError::Config(e.to_string()))?)
+            }
+            None => None,
+        },
+    };
+    if let Some(listener) = listener {
+        let addr = listener
+            .local_addr()
+            .map_or_else(|_| "activated socket".to_owned(), |a| a.to_string());
+        let stats = Arc::new(PortStats::new(addr, "modbus-tcp"));
         let mc = ModbusConfig {
             unit_id: u8::try_from(cfg.modbus.unit_id).unwrap_or(1),
             ..base

@@ -48,6 +48,8 @@ do_install:append() {
     sed -e 's,/usr/bin/,${bindir}/,g' -e 's,/etc/edgellm/,${sysconfdir}/edgellm/,g' \
         ${S}/board/systemd/edgellm.service > ${D}${systemd_system_unitdir}/edgellm.service
     chmod 0644 ${D}${systemd_system_unitdir}/edgellm.service
+    # Modbus TCP on port 502 by socket activation; installed, not enabled.
+    install -m 0644 ${S}/board/systemd/edgellm-modbus.socket ${D}${systemd_system_unitdir}/
 
     # The USB serial cores, loaded before the unit starts (its DeviceAllow=char-ttyUSB).
     install -d ${D}${nonarch_libdir}/modules-load.d
@@ -59,5 +61,5 @@ do_install:append() {
 }
 
 CONFFILES:${PN} = "${sysconfdir}/edgellm/edgellm.toml"
-FILES:${PN} += "${nonarch_libdir}/modules-load.d/edgellm.conf"
+FILES:${PN} += "${nonarch_libdir}/modules-load.d/edgellm.conf ${systemd_system_unitdir}/edgellm-modbus.socket"
 RRECOMMENDS:${PN} += "kernel-module-usbserial kernel-module-cdc-acm"
