@@ -455,3 +455,65 @@ fn a_daemon_on_mqtt_3_1_1_answers_the_same_on_its_response_topic() {
         .collect();
     assert_eq!(chunks, run["text"].as_str().unwrap());
 }
+
+/// A cancel during a streamed answer, through the embedded broker: the daemon must
+/// acknowledge the cancel after the request it came behind (MQTT-4.6.0-2). Acked first, the
+/// broker closed the daemon's connection and delivered both again, and the client got the
+/// final `cancelled` message twice and chunks more than once.
+#[test]
+fn a_cancel_through_the_embedded_broker_ends_the_answer_once() {
+    let port = common::mqtt::free_ports(2);
+    let v311 = port + 1;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        format!("[mqtt]\nbroker = \"embedded\"\nembedded_port = {port}\ndevice = \"{DEVICE}\"\n[model]\nctx = 2048\nthreads = 1\n[limits]\nmax_tokens = 1900\n"),
+    )
+    .unwrap();
+    let m = model();
+    let d = Daemon::start(&["--config", conf.to_str().unwrap(), "--model", &m], &[]);
+    let sub =
+        common::mqtt::subscribe_v311(v311, &format!("edgellm/{DEVICE}/response/c1"), 100_000, 12);
+    let request = br#"{"id":"c1","prompt":"Tell a very long story about a dragon.","max_tokens":1900,"stream":true}"#;
+    let pub311 = |topic: &str, payload: &[u8]| {
+        let st = std::process::Command::new("mosquitto_pub")
+            .args([
+                "-V",
+                "mqttv311",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &v311.to_string(),
+                "-q",
+                "1",
+            ])
+            .args(["-t", &format!("edgellm/{DEVICE}/{topic}")])
+            .arg("-m")
+            .arg(std::str::from_utf8(payload).unwrap())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    pub311("request", request);
+    // Once the answer streams (a second of its ~6 s on one thread), cancel it.
+    std::thread::sleep(Duration::from_millis(1000));
+    pub311("cancel", br#"{"id":"c1"}"#);
+    let got = common::mqtt::collect(sub);
+    let msgs: Vec<Value> = got
+        .iter()
+        .map(|(_, p)| serde_json::from_str(p).unwrap_or_else(|e| panic!("{e}: {p}")))
+        .collect();
+    let finals: Vec<&Value> = msgs.iter().filter(|v| v["done"] == true).collect();
+    assert_eq!(finals.len(), 1, "final messages: {finals:?}");
+    assert_eq!(finals[0]["finish_reason"], "cancelled", "{}", finals[0]);
+    let seqs: Vec<u64> = msgs.iter().filter_map(|v| v["seq"].as_u64()).collect();
+    assert!(!seqs.is_empty(), "no chunk streamed before the cancel");
+    assert_eq!(
+        seqs,
+        (0..seqs.len() as u64).collect::<Vec<_>>(),
+        "each chunk once, in order"
+    );
+    let log = d.log_text();
+    assert!(!log.contains("closed by peer"), "{log}");
+}

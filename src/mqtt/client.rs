@@ -19,6 +19,7 @@
 //! without a session present; the retained offline status published by us before a graceful
 //! disconnect (a clean disconnect suppresses the will).
 
+use super::ack_order::{AckOrder, Slot};
 use super::contract::{self, Limits, Origin, Topics};
 use super::journal::{self, Answer, Journal, Key};
 use super::link::{self, Ack, Incoming, Link, Message, Props, Version};
@@ -157,7 +158,8 @@ struct Ctx {
     stream: bool,
     /// The delivery, for the journal.
     key: Key,
-    ack: Option<Ack>,
+    /// The delivery's acknowledgement and its place among the connection's ([`AckOrder`]).
+    ack: Option<(Ack, Slot)>,
     /// The [`SessionCount`] the delivery came in: its `ack` is void in any other.
     session: u64,
 }
@@ -220,6 +222,7 @@ pub async fn run(
     let (tx, rx) = mpsc::channel::<Out>(256);
     let inflight = Arc::new(InFlight::default());
     let sessions = Arc::new(SessionCount::default());
+    let acks = Arc::new(Mutex::new(AckOrder::default()));
     let publisher = tokio::spawn(publish_answers(
         client.clone(),
         rx,
@@ -227,6 +230,7 @@ pub async fn run(
         s.qos,
         Arc::clone(&inflight),
         Arc::clone(&sessions),
+        Arc::clone(&acks),
         s.test_kill_after_journal.clone(),
     ));
     // The status goes out once requests can arrive (a client that sees "online" may ask at
@@ -285,7 +289,14 @@ pub async fn run(
             // Our only SUBSCRIBE of a connection: every topic is in place.
             Ok(Incoming::SubAck) => connected(&mut ready),
             Ok(Incoming::Publish(p)) => {
-                on_publish(&s, &shared, &client, &tx, &inflight, sessions.now(), *p);
+                let deliver = Delivery {
+                    client: &client,
+                    tx: &tx,
+                    inflight: &inflight,
+                    acks: &acks,
+                    session: sessions.now(),
+                };
+                on_publish(&s, &shared, &deliver, *p);
             }
             Ok(_) => {}
             Err(e) => {
@@ -370,16 +381,41 @@ fn subscribe(client: &Link, t: &Topics, role: Role, qos: QoS) {
     }
 }
 
-/// A message arrived: a request (queued, or answered at once when refused) or a cancel.
-fn on_publish(
-    s: &Settings,
-    shared: &Shared,
-    client: &Link,
-    tx: &mpsc::Sender<Out>,
-    inflight: &InFlight,
+/// What [`on_publish`] hands a message to: the connection and the state of its deliveries.
+struct Delivery<'a> {
+    client: &'a Link,
+    tx: &'a mpsc::Sender<Out>,
+    inflight: &'a InFlight,
+    acks: &'a Mutex<AckOrder<Ack>>,
+    /// The [`SessionCount`] now.
     session: u64,
-    p: Message,
-) {
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sends what `order` lets go once `slot`'s ack is `ack`, in order and under its lock, so
+/// that no other task's ack slips in between. Without waiting: an ack the client's full queue
+/// refuses is lost, and the broker delivers that message again, marked DUP.
+fn ack_in_order(client: &Link, order: &Mutex<AckOrder<Ack>>, slot: Slot, ack: Ack) {
+    let mut order = lock(order);
+    for a in order.ready(slot, ack) {
+        if client.try_ack(&a).is_err() {
+            tracing::warn!("cannot acknowledge a message now: the broker will send it again");
+        }
+    }
+}
+
+/// A message arrived: a request (queued, or answered at once when refused) or a cancel.
+fn on_publish(s: &Settings, shared: &Shared, d: &Delivery<'_>, p: Message) {
+    let Delivery {
+        client,
+        tx,
+        inflight,
+        acks,
+        session,
+    } = *d;
     let service = &shared.service;
     let topic = p.topic.clone();
     // A fleet cancel reaches every member; the one answering the request cancels it.
@@ -397,7 +433,8 @@ fn on_publish(
             }
             Err(e) => tracing::warn!("cancel refused: {e}"),
         }
-        let _ = client.try_ack(&p.ack);
+        let slot = lock(acks).arrive(session);
+        ack_in_order(client, acks, slot, p.ack);
         return;
     }
     let origin = if s.topics.fleet_topic.as_deref() == Some(topic.as_str()) {
@@ -406,7 +443,8 @@ fn on_publish(
         Origin::Device
     } else {
         tracing::warn!(topic, "message on a topic we did not subscribe to: ignored");
-        let _ = client.try_ack(&p.ack);
+        let slot = lock(acks).arrive(session);
+        ack_in_order(client, acks, slot, p.ack);
         return;
     };
     let key = journal::delivery_key(
@@ -432,7 +470,8 @@ fn on_publish(
             );
             let props = answer_properties(a.properties, a.correlation.clone());
             let _ = client.try_publish(&a.topic, s.qos, false, a.payload, props);
-            let _ = client.try_ack(&p.ack);
+            let slot = lock(acks).arrive(session);
+            ack_in_order(client, acks, slot, p.ack);
             return;
         }
         if inflight.contains(&key) {
@@ -445,6 +484,7 @@ fn on_publish(
         }
     }
     inflight.add(key);
+    let slot = lock(acks).arrive(session);
     // The client's own response topic keys the queue's fairness between clients (and names
     // the asker in the audit trail); a 3.1.1 client has none, and is named by the topic.
     let source = format!("mqtt:{}", p.response_topic.as_deref().unwrap_or(&topic));
@@ -470,7 +510,7 @@ fn on_publish(
             properties: p.response_topic.is_some(),
             stream,
             key,
-            ack: Some(p.ack.clone()),
+            ack: Some((p.ack.clone(), slot)),
             session,
         })
     };
@@ -529,6 +569,7 @@ async fn publish_answers(
     qos: QoS,
     inflight: Arc<InFlight>,
     sessions: Arc<SessionCount>,
+    acks: Arc<Mutex<AckOrder<Ack>>>,
     kill_after_journal: Option<String>,
 ) {
     // Chunks so far of each streaming request: (id, next seq).
@@ -606,11 +647,8 @@ async fn publish_answers(
                     request = ctx.id,
                     "answered after the broker lost its session: nothing to acknowledge"
                 ),
-                Some(ack) if client.ack(ack).await.is_err() => tracing::warn!(
-                    request = ctx.id,
-                    "cannot acknowledge the request: the client has stopped"
-                ),
-                _ => {}
+                Some((ack, slot)) => ack_in_order(&client, &acks, *slot, ack.clone()),
+                None => {}
             }
             inflight.done(&ctx.key);
         }

@@ -2,6 +2,7 @@
 //! (pure); [`client`] is the tokio loop that owns the connection; [`failure`] says why a
 //! connection failed (pure).
 
+mod ack_order;
 pub mod client;
 pub mod contract;
 pub mod failure;
