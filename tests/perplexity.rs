@@ -151,6 +151,27 @@ fn qwen_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
     );
 }
 
+/// Gemma 3's vocabulary (262,144 tokens, a BOS) and its K-quant mix, over two windows.
+#[test]
+fn gemma3_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
+    let model = common::model_path("gemma3-270m");
+    let llama = llama_run("gemma-3-270m-q4_k_m.gguf");
+    let v = perplexity_json(&[
+        "-m",
+        model.to_str().unwrap(),
+        "-f",
+        text().to_str().unwrap(),
+        "--chunks",
+        "2",
+    ]);
+    assert_eq!(v["windows"], 2);
+    assert_within_1_percent(
+        v["ppl"].as_f64().unwrap(),
+        llama["per_chunk"][1].as_f64().unwrap(),
+        "Gemma 3 PPL after 2 windows",
+    );
+}
+
 /// Q8_0's saved logits as the reference: Q4_0 (a requantization of Q4_1) diverges from them,
 /// Q8_0 itself does not at all.
 #[test]
