@@ -10,6 +10,9 @@
 #               cost of attention over a long system prompt or conversation
 #        LLAMA_BENCH  path to llama-bench (default: built by bench/build-llamacpp.sh)
 #        SKIP_PROCESS=1  leave out the whole-process section (its own knobs: see that script)
+#        RESULTS_DIR  where the raw outputs, the machine's description and the tables are kept
+#               (default bench/results/<UTC date>[-aarch64]): a table in docs/performance.md
+#               names its directory, so anyone can read the runs it was computed from
 #        ARCH=aarch64  cross-build both engines for aarch64 and run both under
 #                      `qemu-aarch64-static -cpu $QEMU_CPU` (default cortex-a76): an EMULATED
 #                      ratio, labelled so; defaults then THREADS=1 PP=16 NG=16 REPS=2 ROUNDS=2,
@@ -43,53 +46,87 @@ fi
 # rounds; under an emulator it would measure the emulator.
 bw_flag=(); [ "$arch" = native ] && bw_flag=(--bandwidth)
 depth=${DEPTH:-0}
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+suffix=""; [ "$arch" = native ] || suffix="-$arch"
+out=${RESULTS_DIR:-bench/results/$(date -u +%F)$suffix}
+mkdir -p "$out"
+# What a reader needs to reproduce the numbers: the machine, its kernel and page settings, the
+# compilers and the commits. llama.cpp's own build and flags come from its JSON, below.
+{
+    echo "- date: $(date -u +%FT%TZ)"
+    echo "- edgellm: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src kernels_neon Cargo.toml Cargo.lock 2>/dev/null || echo ' (with uncommitted changes to the engine)')"
+    echo "- CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n1), $(nproc) CPUs online; flags: $(grep -o -w 'avx2\|avx512_vnni\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "- memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
+    echo "- kernel: $(uname -sr)"
+    echo "- transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || echo unknown)"
+    echo "- rustc: $(rustc --version)"
+    echo "- gcc: $(gcc --version | head -n1)"
+    echo "- load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    [ -n "${runner[*]}" ] && echo "- runner: ${runner[*]}"
+    echo "- command: THREADS=$threads PP=$pp NG=$ng REPS=$reps ROUNDS=$rounds DEPTH=$depth ARCH=$arch bench/vs-llamacpp.sh $*"
+} > "$out/environment.md"
 
 for q in "${quants[@]}"; do
     model=$(models/fetch.sh "$q" | tail -n 1)
+    rm -f "$out/edgellm@$q@"*.json "$out/llama@$q@"*.json   # an earlier run's, in the same directory
     for r in $(seq "$rounds"); do
         echo "bench: $q round $r/$rounds" >&2
-        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -d "$depth" -t "$threads" -r "$reps" "${bw_flag[@]}" --json > "$out/edgellm-$q-$r.json"
-        "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -d "$depth" -r "$reps" -o json 2>/dev/null > "$out/llama-$q-$r.json"
+        "${runner[@]}" "$EDGELLM_BIN" bench -m "$model" -p "$pp" -n "$ng" -d "$depth" -t "$threads" -r "$reps" "${bw_flag[@]}" --json > "$out/edgellm@$q@$r.json"
+        "${runner[@]}" "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$ng" -d "$depth" -r "$reps" -o json 2>/dev/null > "$out/llama@$q@$r.json"
     done
 done
 
 emulated=""; [ "$arch" = native ] || emulated="${runner[*]}"
-python3 - "$out" "$pp" "$ng" "$depth" "$emulated" "${quants[@]}" <<'PY'
+python3 - "$out" "$pp" "$ng" "$depth" "$emulated" "${quants[@]}" <<'PY' | tee "$out/table.md"
 import json, sys, glob, statistics as st
 out, pp, ng, depth, emulated, quants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6:]
 at = f" @ d{depth}" if depth else ""
+print("".join(open(f"{out}/environment.md").readlines()))
+llama_rows = [row for f in sorted(glob.glob(f"{out}/llama@*.json")) for row in json.load(open(f))]
+if llama_rows:
+    r = llama_rows[0]
+    print(f"llama.cpp {r.get('build_commit', '?')} (build {r.get('build_number', '?')}), llama-bench defaults: "
+          f"n_batch {r.get('n_batch')}, n_ubatch {r.get('n_ubatch')}, flash_attn {r.get('flash_attn')}, "
+          f"KV {r.get('type_k')}/{r.get('type_v')}, mmap {r.get('use_mmap')}; raw outputs: {out}/")
+    print()
 if emulated:
     print(f"EMULATED: both engines' aarch64 builds under `{emulated}` on this host; the ratio says")
     print("how the two aarch64 code paths compare under the emulator, not real-hardware speed.")
     print()
-print(f"| quant | test | threads | edgellm t/s | llama.cpp t/s | ratio |")
-print(f"|---|---|---:|---:|---:|---:|")
+print(f"| quant | test | threads | edgellm t/s | llama.cpp t/s | ratio | per round: min / median / max |")
+print(f"|---|---|---:|---:|---:|---:|---|")
 targets = []
 bounds = []
 ratio = {}
 for q in quants:
     ours, theirs, bw = {}, {}, {}
-    for f in sorted(glob.glob(f"{out}/edgellm-{q}-*.json")):
+    # Each round's mean, per engine: the spread of the ratio over rounds.
+    by_round = {}
+    for f in sorted(glob.glob(f"{out}/edgellm@{q}@*.json")):
+        rnd = f.rsplit("@", 1)[1]
         for row in json.load(open(f)):
             ours.setdefault(("pp", row["threads"]), []).append(row["pp_tps"])
             ours.setdefault(("tg", row["threads"]), []).append(row["tg_tps"])
+            by_round.setdefault((("pp", row["threads"]), rnd), [[], []])[0].append(row["pp_tps"])
+            by_round.setdefault((("tg", row["threads"]), rnd), [[], []])[0].append(row["tg_tps"])
             if "tg_bound_tps" in row:
                 bw.setdefault(row["threads"], []).append(
                     (row["bw_gbps"], row["tg_bound_tps"], row["tg_of_bound"],
                      row.get("tg_paired_shares", [])))
-    for f in sorted(glob.glob(f"{out}/llama-{q}-*.json")):
+    for f in sorted(glob.glob(f"{out}/llama@{q}@*.json")):
+        rnd = f.rsplit("@", 1)[1]
         for row in json.load(open(f)):
             test = "pp" if row["n_prompt"] > 0 else "tg"
             theirs.setdefault((test, row["n_threads"]), []).append(row["avg_ts"])
+            by_round.setdefault(((test, row["n_threads"]), rnd), [[], []])[1].append(row["avg_ts"])
     for key in sorted(ours):
         if key not in theirs:
             continue
         a, b = st.mean(ours[key]), st.mean(theirs[key])
         n = pp if key[0] == "pp" else ng
         label = " (emulated)" if emulated else ""
-        print(f"| {q.upper()} | {key[0]}{n}{at}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} |")
+        per = sorted(st.mean(v[0]) / st.mean(v[1]) for (k, _), v in by_round.items() if k == key and v[0] and v[1])
+        spread = f"{per[0]:.2f}x / {st.median(per):.2f}x / {per[-1]:.2f}x" if per else "—"
+        print(f"| {q.upper()} | {key[0]}{n}{at}{label} | {key[1]} | {a:.1f} | {b:.1f} | {a / b:.2f}x{label} | {spread} |")
         ratio[(q, key[0], key[1])] = a / b
         if emulated and key[0] == "tg":
             met = "met" if a >= b else "NOT met"
@@ -143,5 +180,6 @@ PY
 
 if [ "$arch" = native ] && [ "${SKIP_PROCESS:-0}" != 1 ]; then
     echo
-    THREADS="$threads" bench/vs-llamacpp-process.sh "${quants[@]}"
+    THREADS="$threads" bench/vs-llamacpp-process.sh "${quants[@]}" | tee "$out/process.md"
 fi
+echo "vs-llamacpp: raw outputs and tables in $out/" >&2
