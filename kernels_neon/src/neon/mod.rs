@@ -48,6 +48,7 @@ pub(crate) const NEON: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_neon::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_neon::<BlockQ8_0>,
     packed: None,
+    packed_k: None,
     // Q5_0 and Q5_1 through the Q4 block products (their values unpacked with the fifth
     // bit); the K-quants in `kquant.rs`; the Q8_K quantizer is the reference's.
     more: MoreFormats {
