@@ -60,25 +60,63 @@ trait Isa {
     unsafe fn madd_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
 }
 
-/// A byte-shuffle mask taking `src[i]` (0..4, or 0x80 for a zero byte) of each 32-bit lane into
-/// byte `i` of it.
-#[inline(always)]
-fn lane_mask(src: [u8; 4]) -> __m256i {
-    let lane =
-        |k: u8| i32::from_le_bytes(src.map(|b| if b & 0x80 != 0 { 0x80 } else { b + 4 * k }));
-    // SAFETY: builds a register from integers (avx, which every caller's body has).
-    unsafe {
-        _mm256_setr_epi32(
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-            lane(0),
-            lane(1),
-            lane(2),
-            lane(3),
-        )
+/// The 32 bytes of a byte-shuffle mask taking `src[i]` (0..4, or 0x80 for a zero byte) of
+/// each 32-bit lane into byte `i` of it.
+const fn lane_mask_bytes(src: [u8; 4]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        let b = src[i % 4];
+        out[i] = if b & 0x80 != 0 {
+            0x80
+        } else {
+            b + 4 * ((i / 4) % 4) as u8
+        };
+        i += 1;
     }
+    out
+}
+
+/// The shuffles of byte `j` of each lane (the tables keep them out of the loops: built from
+/// integers where a loop is not unrolled, they cost more than the products they feed).
+/// As the two i16 halves of the lane (unsigned; signed in the high bytes, for `srai`).
+static PAIR_U: [[u8; 32]; 4] = [
+    lane_mask_bytes([0, 0x80, 0, 0x80]),
+    lane_mask_bytes([1, 0x80, 1, 0x80]),
+    lane_mask_bytes([2, 0x80, 2, 0x80]),
+    lane_mask_bytes([3, 0x80, 3, 0x80]),
+];
+static PAIR_S: [[u8; 32]; 4] = [
+    lane_mask_bytes([0x80, 0, 0x80, 0]),
+    lane_mask_bytes([0x80, 1, 0x80, 1]),
+    lane_mask_bytes([0x80, 2, 0x80, 2]),
+    lane_mask_bytes([0x80, 3, 0x80, 3]),
+];
+/// As the whole lane (unsigned; signed in the top byte, for `srai`).
+static LANE_U: [[u8; 32]; 4] = [
+    lane_mask_bytes([0, 0x80, 0x80, 0x80]),
+    lane_mask_bytes([1, 0x80, 0x80, 0x80]),
+    lane_mask_bytes([2, 0x80, 0x80, 0x80]),
+    lane_mask_bytes([3, 0x80, 0x80, 0x80]),
+];
+static LANE_S: [[u8; 32]; 4] = [
+    lane_mask_bytes([0x80, 0x80, 0x80, 0]),
+    lane_mask_bytes([0x80, 0x80, 0x80, 1]),
+    lane_mask_bytes([0x80, 0x80, 0x80, 2]),
+    lane_mask_bytes([0x80, 0x80, 0x80, 3]),
+];
+/// Bytes `2q` and `2q + 1` (`q` = 0, 1) as the high bytes of the lane's two i16 halves.
+static TWO_S: [[u8; 32]; 2] = [
+    lane_mask_bytes([0x80, 0, 0x80, 1]),
+    lane_mask_bytes([0x80, 2, 0x80, 3]),
+];
+
+/// `sc` shuffled by `mask`.
+#[inline(always)]
+fn shuffle(sc: __m256i, mask: &[u8; 32]) -> __m256i {
+    // SAFETY: `mask` covers 32 readable bytes and `loadu` has no alignment requirement; avx2,
+    // which every caller's body has.
+    unsafe { _mm256_shuffle_epi8(sc, _mm256_loadu_si256(mask.as_ptr().cast())) }
 }
 
 /// AVX2: `maddubs` into i16 lanes, `madd` with the scale as an i16 pair per row.
@@ -91,14 +129,12 @@ impl Isa for Avx2 {
     }
     #[inline(always)]
     unsafe fn scale(sc: __m256i, j: usize, signed: bool) -> __m256i {
-        let j = j as u8;
         // SAFETY: avx2, as the caller guarantees.
         unsafe {
             if signed {
-                let v = _mm256_shuffle_epi8(sc, lane_mask([0x80, j, 0x80, j]));
-                _mm256_srai_epi16::<8>(v)
+                _mm256_srai_epi16::<8>(shuffle(sc, &PAIR_S[j]))
             } else {
-                _mm256_shuffle_epi8(sc, lane_mask([j, 0x80, j, 0x80]))
+                shuffle(sc, &PAIR_U[j])
             }
         }
     }
@@ -129,14 +165,12 @@ impl Isa for Vnni {
     }
     #[inline(always)]
     unsafe fn scale(sc: __m256i, j: usize, signed: bool) -> __m256i {
-        let j = j as u8;
         // SAFETY: avx2, as the caller guarantees.
         unsafe {
             if signed {
-                let v = _mm256_shuffle_epi8(sc, lane_mask([0x80, 0x80, 0x80, j]));
-                _mm256_srai_epi32::<24>(v)
+                _mm256_srai_epi32::<24>(shuffle(sc, &LANE_S[j]))
             } else {
-                _mm256_shuffle_epi8(sc, lane_mask([j, 0x80, 0x80, 0x80]))
+                shuffle(sc, &LANE_U[j])
             }
         }
     }
@@ -289,8 +323,7 @@ unsafe fn q45_sums<I: Isa, const T: usize>(
     // both halves of each row's lane.
     let pairs: [__m256i; 8] = std::array::from_fn(|j| {
         let mn = if j < 4 { mn_lo } else { mn_hi };
-        let j = (j % 4) as u8;
-        _mm256_shuffle_epi8(mn, lane_mask([j, 0x80, j, 0x80]))
+        shuffle(mn, &PAIR_U[j % 4])
     });
     let off = std::array::from_fn(|t| {
         let mut o = zero;
@@ -413,8 +446,7 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
     // The levels' offset: `Σ_i 32 · scale_i · bsums[i]`, scales `2q` and `2q + 1` (i8, times
     // 32 within ±4096) as the two i16 halves of each row's lane against the pair of bsums.
     let pairs: [__m256i; 8] = std::array::from_fn(|q| {
-        let a = ((2 * q) % 4) as u8;
-        let v = _mm256_shuffle_epi8(sc[q / 2], lane_mask([0x80, a, 0x80, a + 1]));
+        let v = shuffle(sc[q / 2], &TWO_S[q % 2]);
         _mm256_slli_epi16::<5>(_mm256_srai_epi16::<8>(v))
     });
     let off = std::array::from_fn(|t| {
