@@ -78,6 +78,9 @@ fn unpacked_twin(k: &'static Kernels) -> &'static Kernels {
 
 #[test]
 fn packed_k_quant_weights_give_the_bits_of_the_files_layout_on_every_path() {
+    // SAFETY: the only test of this binary, run before any engine or thread reads the
+    // environment.
+    unsafe { std::env::set_var(edgellm::model::PACK_K_ENV, "1") };
     let mut checked = Vec::new();
     for p in Path::available() {
         let k = Kernels::for_path(p).unwrap();

@@ -10,7 +10,7 @@ pub mod synth;
 
 pub use hparams::{FfnAct, HParams, RopeType, SlidingWindow};
 use matrix::Mat;
-pub use packed::{HUGEPAGES_ENV, Packed, advise_huge_pages};
+pub use packed::{HUGEPAGES_ENV, PACK_K_ENV, Packed, advise_huge_pages};
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
 use crate::kv::{Geometry, KvType};

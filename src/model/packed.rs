@@ -60,11 +60,12 @@ impl Formats {
         k_quants: true,
     };
 
-    /// The formats `k` has packed products for.
+    /// The formats `k` has packed products for (the K-quants only with [`PACK_K_ENV`]` = 1`).
     pub fn of(k: &kernels_neon::Kernels) -> Formats {
         Formats {
             legacy: k.packed.is_some(),
-            k_quants: k.packed_k.is_some(),
+            k_quants: k.packed_k.is_some()
+                && std::env::var_os(PACK_K_ENV).is_some_and(|v| v == "1"),
         }
     }
 
@@ -361,6 +362,11 @@ impl Packed {
         (n, bytes)
     }
 }
+
+/// `EDGELLM_PACK_K=1` packs K-quant matrices too (off by default: on a Zen 4 VM the packed
+/// Q6_K product still decodes the 1.5B Q4_K_M model slower than the file's layout, whose
+/// products are bit-identical, so the switch changes speed only).
+pub const PACK_K_ENV: &str = "EDGELLM_PACK_K";
 
 /// `EDGELLM_HUGEPAGES=0` leaves the packed weights on normal pages (for A/B runs, or a device
 /// whose memory is so fragmented that the kernel's compaction for huge pages stalls start-up).
