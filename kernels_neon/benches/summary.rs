@@ -6,7 +6,8 @@
 //!
 //! It measures the machine's read bandwidth (sum of a 256 MiB u64 buffer: one thread, and all
 //! threads; before and after the kernels, best kept) and every available path's matvec at
-//! SmolLM2-135M's shapes, hot (the same matrix every call: the 0.5 MB shapes sit in L2) and
+//! SmolLM2-135M's shapes (and the K-quants, file layout and packed, at Qwen2.5-Coder-1.5B's),
+//! hot (the same matrix every call: the 0.5 MB shapes sit in L2) and
 //! cold (cycling through 128 MiB of copies, so the weights come from DRAM as in a decode
 //! step), and prints a Markdown table: kernel, path, shape, µs per call, GB/s of weights
 //! streamed (1 GB = 1e9 B), % of the one-thread read bandwidth (our kernels run on one
@@ -55,24 +56,40 @@ impl Timing {
 /// A peer that adds its rows for a shape: `(weights, f32 activations, timing, table)`.
 type Peer<W> = fn(&[W], &[f32], &Timing, &mut Vec<Row>);
 
-/// The packed layout's rows: every path with packed products, on the same weights packed.
-fn packed_rows<P: PackedWeightFormat>(kernel: &'static str, t: &Timing, rows_out: &mut Vec<Row>)
-where
+/// SmolLM2-135M's matvec shapes (rows, cols).
+const SMOL_SHAPES: [(usize, usize); 3] = [
+    (MATVEC_SHAPES[0].0, MATVEC_SHAPES[0].1),
+    (MATVEC_SHAPES[1].0, MATVEC_SHAPES[1].1),
+    (MATVEC_SHAPES[2].0, MATVEC_SHAPES[2].1),
+];
+
+/// Qwen2.5-Coder-1.5B's K-quant matvec shapes (rows, cols): ffn gate/up, ffn down, attention
+/// q and output, attention k and v.
+const K_SHAPES: [(usize, usize); 4] = [(8960, 1536), (1536, 8960), (1536, 1536), (256, 1536)];
+
+/// The packed layout's rows: every path with packed products of `P`, on the same weights
+/// packed.
+fn packed_rows<P: PackedWeightFormat>(
+    kernel: &'static str,
+    shapes: &[(usize, usize)],
+    t: &Timing,
+    rows_out: &mut Vec<Row>,
+) where
     P::Row: WeightFormat,
 {
-    let paths: Vec<(&Kernels, PackedKernels)> = Path::available()
+    let paths: Vec<(&Kernels, &P::Table)> = Path::available()
         .into_iter()
         .filter_map(|p| {
             let k = Kernels::for_path(p).unwrap();
-            k.packed.map(|pk| (k, pk))
+            P::table(k).map(|pk| (k, pk))
         })
         .collect();
     if paths.is_empty() {
         return;
     }
-    for (s, &(rows, cols, _)) in MATVEC_SHAPES.iter().enumerate() {
+    for (s, &(rows, cols)) in shapes.iter().enumerate() {
         let w: Vec<P::Row> = weight_matrix(rows, cols, 100 + s as u64);
-        let nb = cols / 32;
+        let nb = cols / P::Row::BLOCK_LEN;
         let mut pw = vec![P::default(); w.len() / PACK_ROWS];
         pack_matrix(&w, nb, &mut pw);
         let x = f32_vec(cols, 200 + s as u64, 1.0);
@@ -100,6 +117,7 @@ where
 
 fn matvec_rows<W: WeightFormat>(
     kernel: &'static str,
+    shapes: &[(usize, usize)],
     peer: Option<Peer<W>>,
     t: &Timing,
     rows_out: &mut Vec<Row>,
@@ -108,7 +126,7 @@ fn matvec_rows<W: WeightFormat>(
         .into_iter()
         .map(|p| Kernels::for_path(p).unwrap())
         .collect();
-    for (s, &(rows, cols, _)) in MATVEC_SHAPES.iter().enumerate() {
+    for (s, &(rows, cols)) in shapes.iter().enumerate() {
         let w: Vec<W> = weight_matrix(rows, cols, 100 + s as u64);
         let x = f32_vec(cols, 200 + s as u64, 1.0);
         let a: Vec<W::Activation> = quant(&x);
@@ -230,12 +248,19 @@ fn main() {
     let (bw1_before, bwn_before) = probe();
 
     let mut rows = Vec::new();
-    matvec_rows::<BlockQ4_0>("matvec_q4_0_q8_0", q4_0_peer(), &t, &mut rows);
-    matvec_rows::<BlockQ4_1>("matvec_q4_1_q8_1", None, &t, &mut rows);
-    matvec_rows::<BlockQ8_0>("matvec_q8_0_q8_0", None, &t, &mut rows);
-    packed_rows::<BlockQ4_0x8>("matvec_q4_0x8_q8_0", &t, &mut rows);
-    packed_rows::<BlockQ4_1x8>("matvec_q4_1x8_q8_1", &t, &mut rows);
-    packed_rows::<BlockQ8_0x8>("matvec_q8_0x8_q8_0", &t, &mut rows);
+    let smol = &SMOL_SHAPES[..];
+    matvec_rows::<BlockQ4_0>("matvec_q4_0_q8_0", smol, q4_0_peer(), &t, &mut rows);
+    matvec_rows::<BlockQ4_1>("matvec_q4_1_q8_1", smol, None, &t, &mut rows);
+    matvec_rows::<BlockQ8_0>("matvec_q8_0_q8_0", smol, None, &t, &mut rows);
+    packed_rows::<BlockQ4_0x8>("matvec_q4_0x8_q8_0", smol, &t, &mut rows);
+    packed_rows::<BlockQ4_1x8>("matvec_q4_1x8_q8_1", smol, &t, &mut rows);
+    packed_rows::<BlockQ8_0x8>("matvec_q8_0x8_q8_0", smol, &t, &mut rows);
+    // The K-quants of a Q4_K_M file, at the 1.5B's shapes (a smoke run takes the smallest).
+    let k_shapes = if full { &K_SHAPES[..] } else { &K_SHAPES[3..] };
+    matvec_rows::<BlockQ4K>("matvec_q4_k_q8_k", k_shapes, None, &t, &mut rows);
+    matvec_rows::<BlockQ6K>("matvec_q6_k_q8_k", k_shapes, None, &t, &mut rows);
+    packed_rows::<BlockQ4Kx8>("matvec_q4_kx8_q8_k", k_shapes, &t, &mut rows);
+    packed_rows::<BlockQ6Kx8>("matvec_q6_kx8_q8_k", k_shapes, &t, &mut rows);
     let (bw1_after, bwn_after) = probe();
     let (bw1, bwn) = (bw1_before.max(bw1_after), bwn_before.max(bwn_after));
 

@@ -374,6 +374,124 @@ impl PackedFormat for BlockQ8_0x8 {
     }
 }
 
+/// Block `b` of eight Q4_K rows: every byte array of the eight `BlockQ4K`s interleaved in
+/// 4-byte granules as [`BlockQ4_0x8`]'s (`qs[32 * c + 4 * k + i]` is row `k`'s `qs[4 * c + i]`,
+/// `scales` likewise), the scales `d` and `dmin` side by side. One 32-byte load of `qs` holds
+/// four values of one sub-block (low nibbles) and four of the next (high nibbles) of all eight
+/// rows; one of `scales` holds word `c` of every row's packed 6-bit scales and mins, which a
+/// few lane-wise shifts and masks turn into the eight rows' scales of four sub-blocks at once.
+/// The same bytes as the eight rows (ggml's `block_q4_Kx8` holds them with another
+/// interleave).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ4Kx8 {
+    pub d: [f16; PACK_ROWS],
+    pub dmin: [f16; PACK_ROWS],
+    pub scales: [u8; PACK_ROWS * K_SCALE_SIZE],
+    pub qs: [u8; PACK_ROWS * QK_K / 2],
+}
+
+/// [`BlockQ4Kx8`] for Q5_K: the fifth bits `qh` interleaved in the same granules.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ5Kx8 {
+    pub d: [f16; PACK_ROWS],
+    pub dmin: [f16; PACK_ROWS],
+    pub scales: [u8; PACK_ROWS * K_SCALE_SIZE],
+    pub qh: [u8; PACK_ROWS * QK_K / 8],
+    pub qs: [u8; PACK_ROWS * QK_K / 2],
+}
+
+/// Block `b` of eight Q6_K rows: `ql`, `qh` and the sixteen i8 `scales` each interleaved in
+/// 4-byte granules, the eight `d` side by side. A granule of `ql` and the granule of `qh` at
+/// the same offset within its half give four values of each of four 32-value runs, as in
+/// the row format.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct BlockQ6Kx8 {
+    pub d: [f16; PACK_ROWS],
+    pub scales: [i8; PACK_ROWS * QK_K / 16],
+    pub ql: [u8; PACK_ROWS * QK_K / 2],
+    pub qh: [u8; PACK_ROWS * QK_K / 4],
+}
+
+const _: () = assert!(size_of::<BlockQ4Kx8>() == 8 * size_of::<BlockQ4K>());
+const _: () = assert!(size_of::<BlockQ5Kx8>() == 8 * size_of::<BlockQ5K>());
+const _: () = assert!(size_of::<BlockQ6Kx8>() == 8 * size_of::<BlockQ6K>());
+zeroed_default!(BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8);
+
+impl PackedFormat for BlockQ4Kx8 {
+    type Row = BlockQ4K;
+    #[inline]
+    fn pack_into(rows: [&BlockQ4K; PACK_ROWS], out: &mut Self) {
+        interleave4(rows.map(|r| &r.qs), &mut out.qs);
+        interleave4(rows.map(|r| &r.scales), &mut out.scales);
+        out.d = rows.map(|r| r.d);
+        out.dmin = rows.map(|r| r.dmin);
+    }
+    fn unpack(&self, k: usize) -> BlockQ4K {
+        let mut b = BlockQ4K {
+            d: self.d[k],
+            dmin: self.dmin[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.qs, k, &mut b.qs);
+        deinterleave4(&self.scales, k, &mut b.scales);
+        b
+    }
+}
+
+impl PackedFormat for BlockQ5Kx8 {
+    type Row = BlockQ5K;
+    #[inline]
+    fn pack_into(rows: [&BlockQ5K; PACK_ROWS], out: &mut Self) {
+        interleave4(rows.map(|r| &r.qs), &mut out.qs);
+        interleave4(rows.map(|r| &r.qh), &mut out.qh);
+        interleave4(rows.map(|r| &r.scales), &mut out.scales);
+        out.d = rows.map(|r| r.d);
+        out.dmin = rows.map(|r| r.dmin);
+    }
+    fn unpack(&self, k: usize) -> BlockQ5K {
+        let mut b = BlockQ5K {
+            d: self.d[k],
+            dmin: self.dmin[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.qs, k, &mut b.qs);
+        deinterleave4(&self.qh, k, &mut b.qh);
+        deinterleave4(&self.scales, k, &mut b.scales);
+        b
+    }
+}
+
+impl PackedFormat for BlockQ6Kx8 {
+    type Row = BlockQ6K;
+    #[inline]
+    fn pack_into(rows: [&BlockQ6K; PACK_ROWS], out: &mut Self) {
+        interleave4(rows.map(|r| &r.ql), &mut out.ql);
+        interleave4(rows.map(|r| &r.qh), &mut out.qh);
+        interleave4(
+            rows.map(|r| bytemuck::cast_ref::<[i8; 16], [u8; 16]>(&r.scales)),
+            bytemuck::cast_slice_mut(&mut out.scales),
+        );
+        out.d = rows.map(|r| r.d);
+    }
+    fn unpack(&self, k: usize) -> BlockQ6K {
+        let mut b = BlockQ6K {
+            d: self.d[k],
+            ..Default::default()
+        };
+        deinterleave4(&self.ql, k, &mut b.ql);
+        deinterleave4(&self.qh, k, &mut b.qh);
+        deinterleave4(
+            bytemuck::cast_slice(&self.scales),
+            k,
+            bytemuck::cast_slice_mut(&mut b.scales),
+        );
+        b
+    }
+}
+
 /// Packs a row-major matrix of `rows × nb` blocks (`rows` a multiple of [`PACK_ROWS`]) into
 /// `out` (`rows / 8 * nb` blocks, group-major).
 pub fn pack_matrix<P: PackedFormat>(w: &[P::Row], nb: usize, out: &mut [P]) {

@@ -6,8 +6,9 @@
 //! device; asking for one this CPU cannot run is an error, not a silent fallback.
 
 use crate::block::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, BlockQ8K, PackedFormat, f16,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
+    BlockQ8K, PackedFormat, f16,
 };
 use crate::reference as r;
 use std::fmt;
@@ -274,6 +275,9 @@ pub struct Kernels {
     /// Products over weights interleaved 8 rows at a time, when this path has them: the
     /// engine then packs its weight matrices at load (see [`PackedKernels`]).
     pub packed: Option<PackedKernels>,
+    /// Products over K-quant weights interleaved 8 rows at a time ([`PackedKQuants`]), when
+    /// this path has them: the engine then packs its K-quant matrices at load.
+    pub packed_k: Option<PackedKQuants>,
 
     /// The formats of the files people download (Q4_K_M, Q5_K_M: Gemma 3's mixes Q5_0, Q4_K,
     /// Q6_K and Q8_0), in [`MoreFormats`].
@@ -380,30 +384,110 @@ pub const PACKED_REFERENCE: PackedKernels = PackedKernels {
     matmul_q8_0x8_q8_0: r::matmul_packed_ref::<BlockQ8_0x8>,
 };
 
-/// A weight format with a packed layout: its products in a [`PackedKernels`].
+/// Products over packed K-quant weights ([`BlockQ4Kx8`], …) against Q8_K activations, shaped
+/// as [`PackedKernels`]': every result is the same path's unpacked K-quant product's, bit for
+/// bit, which is the one `kseq` sequence on every fast path.
+#[derive(Clone, Copy)]
+pub struct PackedKQuants {
+    pub matvec_q4_kx8_q8_k: MatVecFn<BlockQ4Kx8, BlockQ8K>,
+    pub matvec_q5_kx8_q8_k: MatVecFn<BlockQ5Kx8, BlockQ8K>,
+    pub matvec_q6_kx8_q8_k: MatVecFn<BlockQ6Kx8, BlockQ8K>,
+    pub matmul_q4_kx8_q8_k: MatMulFn<BlockQ4Kx8, BlockQ8K>,
+    pub matmul_q5_kx8_q8_k: MatMulFn<BlockQ5Kx8, BlockQ8K>,
+    pub matmul_q6_kx8_q8_k: MatMulFn<BlockQ6Kx8, BlockQ8K>,
+}
+
+/// The scalar references of the packed K-quant products (for tests).
+pub const PACKED_K_REFERENCE: PackedKQuants = PackedKQuants {
+    matvec_q4_kx8_q8_k: r::matvec_packed_ref::<BlockQ4Kx8>,
+    matvec_q5_kx8_q8_k: r::matvec_packed_ref::<BlockQ5Kx8>,
+    matvec_q6_kx8_q8_k: r::matvec_packed_ref::<BlockQ6Kx8>,
+    matmul_q4_kx8_q8_k: r::matmul_packed_ref::<BlockQ4Kx8>,
+    matmul_q5_kx8_q8_k: r::matmul_packed_ref::<BlockQ5Kx8>,
+    matmul_q6_kx8_q8_k: r::matmul_packed_ref::<BlockQ6Kx8>,
+};
+
+/// A weight format with a packed layout: its products in a table of packed products
+/// ([`PackedKernels`] or [`PackedKQuants`]).
 pub trait PackedWeightFormat: PackedFormat
 where
     Self::Row: BlockFormat,
 {
-    fn matvec(k: &PackedKernels) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation>;
-    fn matmul(k: &PackedKernels) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation>;
+    /// The table its products are in.
+    type Table: 'static;
+    /// That table's scalar references.
+    const REFERENCE: &'static Self::Table;
+    /// `k`'s table of them, if the path has one.
+    fn table(k: &Kernels) -> Option<&Self::Table>;
+    fn matvec(k: &Self::Table) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation>;
+    fn matmul(k: &Self::Table) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation>;
 }
 
 macro_rules! packed_weight_format {
-    ($p:ty, $mv:ident, $mm:ident) => {
+    ($p:ty, $table:ty, $field:ident, $reference:ident, $mv:ident, $mm:ident) => {
         impl PackedWeightFormat for $p {
-            fn matvec(k: &PackedKernels) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation> {
+            type Table = $table;
+            const REFERENCE: &'static $table = &$reference;
+            fn table(k: &Kernels) -> Option<&$table> {
+                k.$field.as_ref()
+            }
+            fn matvec(k: &$table) -> MatVecFn<Self, <Self::Row as BlockFormat>::Activation> {
                 k.$mv
             }
-            fn matmul(k: &PackedKernels) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation> {
+            fn matmul(k: &$table) -> MatMulFn<Self, <Self::Row as BlockFormat>::Activation> {
                 k.$mm
             }
         }
     };
 }
-packed_weight_format!(BlockQ4_0x8, matvec_q4_0x8_q8_0, matmul_q4_0x8_q8_0);
-packed_weight_format!(BlockQ4_1x8, matvec_q4_1x8_q8_1, matmul_q4_1x8_q8_1);
-packed_weight_format!(BlockQ8_0x8, matvec_q8_0x8_q8_0, matmul_q8_0x8_q8_0);
+packed_weight_format!(
+    BlockQ4_0x8,
+    PackedKernels,
+    packed,
+    PACKED_REFERENCE,
+    matvec_q4_0x8_q8_0,
+    matmul_q4_0x8_q8_0
+);
+packed_weight_format!(
+    BlockQ4_1x8,
+    PackedKernels,
+    packed,
+    PACKED_REFERENCE,
+    matvec_q4_1x8_q8_1,
+    matmul_q4_1x8_q8_1
+);
+packed_weight_format!(
+    BlockQ8_0x8,
+    PackedKernels,
+    packed,
+    PACKED_REFERENCE,
+    matvec_q8_0x8_q8_0,
+    matmul_q8_0x8_q8_0
+);
+packed_weight_format!(
+    BlockQ4Kx8,
+    PackedKQuants,
+    packed_k,
+    PACKED_K_REFERENCE,
+    matvec_q4_kx8_q8_k,
+    matmul_q4_kx8_q8_k
+);
+packed_weight_format!(
+    BlockQ5Kx8,
+    PackedKQuants,
+    packed_k,
+    PACKED_K_REFERENCE,
+    matvec_q5_kx8_q8_k,
+    matmul_q5_kx8_q8_k
+);
+packed_weight_format!(
+    BlockQ6Kx8,
+    PackedKQuants,
+    packed_k,
+    PACKED_K_REFERENCE,
+    matvec_q6_kx8_q8_k,
+    matmul_q6_kx8_q8_k
+);
 
 impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -428,6 +512,7 @@ pub const REFERENCE: Kernels = Kernels {
     matmul_q4_1_q8_1: r::matmul_ref::<BlockQ4_1>,
     matmul_q8_0_q8_0: r::matmul_ref::<BlockQ8_0>,
     packed: None,
+    packed_k: None,
     more: MORE_REFERENCE,
     rms_norm: r::rms_norm_ref,
     softmax: r::softmax_ref,

@@ -29,6 +29,6 @@ mod x86;
 
 pub use block::*;
 pub use dispatch::{
-    KernelError, Kernels, MoreFormats, PackedKernels, PackedWeightFormat, Path, WeightFormat,
-    cpu_features,
+    KernelError, Kernels, MoreFormats, PackedKQuants, PackedKernels, PackedWeightFormat, Path,
+    WeightFormat, cpu_features,
 };

@@ -257,6 +257,40 @@ fn check_packed_kernels(p: Path, pk: &PackedKernels) {
     check_packed::<BlockQ8_0x8>(p, "matmul_q8_0x8_q8_0", &matmul_q8_0x8_q8_0, false);
 }
 
+/// The packed K-quant products against the reference, as [`check_packed_kernels`].
+fn check_packed_k_kernels(p: Path, pk: &PackedKQuants) {
+    // No `..`, as above.
+    let PackedKQuants {
+        matvec_q4_kx8_q8_k,
+        matvec_q5_kx8_q8_k,
+        matvec_q6_kx8_q8_k,
+        matmul_q4_kx8_q8_k,
+        matmul_q5_kx8_q8_k,
+        matmul_q6_kx8_q8_k,
+    } = *pk;
+    check_packed::<BlockQ4Kx8>(
+        p,
+        "matvec_q4_kx8_q8_k",
+        &|w, a, _, o| matvec_q4_kx8_q8_k(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ5Kx8>(
+        p,
+        "matvec_q5_kx8_q8_k",
+        &|w, a, _, o| matvec_q5_kx8_q8_k(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ6Kx8>(
+        p,
+        "matvec_q6_kx8_q8_k",
+        &|w, a, _, o| matvec_q6_kx8_q8_k(w, a, o),
+        true,
+    );
+    check_packed::<BlockQ4Kx8>(p, "matmul_q4_kx8_q8_k", &matmul_q4_kx8_q8_k, false);
+    check_packed::<BlockQ5Kx8>(p, "matmul_q5_kx8_q8_k", &matmul_q5_kx8_q8_k, false);
+    check_packed::<BlockQ6Kx8>(p, "matmul_q6_kx8_q8_k", &matmul_q6_kx8_q8_k, false);
+}
+
 type PackedProduct<'f, P> =
     &'f dyn Fn(&[P], &[<<P as PackedFormat>::Row as BlockFormat>::Activation], usize, &mut [f32]);
 
@@ -274,11 +308,13 @@ fn check_packed<P: PackedFormat>(
         (576, 18, 4),
     ] {
         let n_tok = if one_token { 1 } else { n_tok };
-        let w: Vec<P::Row> = quant(&awkward(rows * nb * 32, (rows * 3 + nb) as u64));
+        let nb = blocks_of::<P::Row>(nb);
+        let n = nb * P::Row::BLOCK_LEN;
+        let w: Vec<P::Row> = quant(&awkward(rows * n, (rows * 3 + nb) as u64));
         let mut pw = vec![P::default(); w.len() / PACK_ROWS];
         pack_matrix(&w, nb, &mut pw);
         let a: Vec<<P::Row as BlockFormat>::Activation> =
-            quant(&f32_vec(n_tok * nb * 32, (n_tok + nb) as u64, 1.0));
+            quant(&f32_vec(n_tok * n, (n_tok + nb) as u64, 1.0));
         let mut got = vec![f32::NAN; rows * n_tok];
         fast(&pw, &a, n_tok, &mut got);
         assert_matmul_close(&format!("{path}/{name}"), &w, &a, n_tok, &got);
@@ -317,6 +353,7 @@ fn check_kernels(k: &Kernels) {
         matmul_q4_1_q8_1,
         matmul_q8_0_q8_0,
         packed,
+        packed_k,
         more,
         rms_norm,
         softmax,
@@ -354,6 +391,9 @@ fn check_kernels(k: &Kernels) {
 
     if let Some(pk) = packed {
         check_packed_kernels(p, &pk);
+    }
+    if let Some(pk) = packed_k {
+        check_packed_k_kernels(p, &pk);
     }
     check_more_formats(p, &more);
 

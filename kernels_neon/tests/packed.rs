@@ -104,7 +104,7 @@ fn the_packed_reference_gives_the_row_reference_bits() {
 }
 
 /// A path's packed product against its own unpacked product on `w` and `a`.
-fn check_same<P: PackedWeightFormat>(
+fn check_same<P: PackedWeightFormat<Table = PackedKernels>>(
     k: &Kernels,
     pk: &PackedKernels,
     w: &[P::Row],
@@ -127,8 +127,10 @@ fn check_same<P: PackedWeightFormat>(
     same_bits(&format!("{what} matmul"), &got, &want);
 }
 
-fn packed_equals_unpacked<P: PackedWeightFormat>(k: &Kernels, pk: &PackedKernels)
-where
+fn packed_equals_unpacked<P: PackedWeightFormat<Table = PackedKernels>>(
+    k: &Kernels,
+    pk: &PackedKernels,
+) where
     P::Row: WeightFormat,
 {
     for (rows, nb, n_tok) in SHAPES {

@@ -177,6 +177,7 @@ fn check_reference_ops(k: &Kernels) {
         matmul_q4_1_q8_1: _,
         matmul_q8_0_q8_0: _,
         packed,
+        packed_k,
         more,
         rms_norm,
         softmax,
@@ -198,6 +199,10 @@ fn check_reference_ops(k: &Kernels) {
     // The products (the `_` fields above) are `check_reference_products`'.
     assert_eq!(path, Path::Reference);
     assert!(packed.is_none(), "the reference has no packed products");
+    assert!(
+        packed_k.is_none(),
+        "the reference has no packed K-quant products"
+    );
     check_reference_q8_k(more.quantize_row_q8_k);
     check_reference_quantizer::<BlockQ8_0>("quantize_row_q8_0", quantize_row_q8_0);
     check_reference_quantizer::<BlockQ8_1>("quantize_row_q8_1", quantize_row_q8_1);

@@ -217,9 +217,7 @@ impl Engine {
                 pool::MAX_THREADS
             )));
         }
-        if kernels.packed.is_some() {
-            model.pack(cfg.threads);
-        }
+        model.pack_for(kernels, cfg.threads);
         let pool = Pool::pinned(cfg.threads, cpus)?;
         let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);
         Ok(Engine {

@@ -194,7 +194,7 @@ pub fn forward(
         FfnAct::GeluTanh => k.gelu_mul,
     };
     // The packed weights when this path has products over them (the engine packed the model).
-    let pk = k.packed.and(model.packed());
+    let pk = packed_for(k, model);
     let prof = &mut ar.prof;
 
     // x = embed(tokens)
@@ -411,7 +411,7 @@ pub fn logits_rows(
     let (d, n_vocab) = (model.hp.n_embd, model.hp.n_vocab);
     let m = rows.len();
     assert!(m > 0 && rows.end <= ar.chunk && out.len() >= m * n_vocab);
-    let output = model.output_in(k.packed.and(model.packed()));
+    let output = model.output_in(packed_for(k, model));
     let prof = &mut ar.prof;
     prof.timed(Op::RmsNorm, || {
         let x = &ar.x[rows.start * d..rows.end * d];
@@ -560,4 +560,11 @@ mod tests {
             }
         }
     }
+}
+
+/// The model's packed weights, when `k` has the packed products of every format packed (else
+/// the file's layout: the model was packed for another engine's path, and `k`'s own products
+/// over the file's layout give its bits).
+fn packed_for<'m>(k: &Kernels, model: &'m Model) -> Option<&'m super::packed::Packed> {
+    model.packed().filter(|p| p.served_by(k))
 }

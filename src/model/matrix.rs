@@ -2,11 +2,10 @@
 
 use crate::gguf::TensorView;
 use crate::runtime::Pool;
-use kernels_neon::dispatch::PACKED_REFERENCE;
 use kernels_neon::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ5_0, BlockQ5_1,
-    BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, BlockQ8K, Kernels, PACK_ROWS,
-    PackedWeightFormat, QK_K, WeightFormat, f16,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
+    BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
+    BlockQ8K, Kernels, PACK_ROWS, PackedWeightFormat, QK_K, WeightFormat, f16,
 };
 
 /// The data of a weight matrix: as stored in the GGUF file (row-major, `rows × cols`), or
@@ -26,6 +25,9 @@ pub enum MatData<'a> {
     Q4_0x8(&'a [BlockQ4_0x8]),
     Q4_1x8(&'a [BlockQ4_1x8]),
     Q8_0x8(&'a [BlockQ8_0x8]),
+    Q4Kx8(&'a [BlockQ4Kx8]),
+    Q5Kx8(&'a [BlockQ5Kx8]),
+    Q6Kx8(&'a [BlockQ6Kx8]),
 }
 
 impl<'a> From<TensorView<'a>> for MatData<'a> {
@@ -72,7 +74,12 @@ impl Mat<'_> {
             | MatData::Q4_0x8(_)
             | MatData::Q8_0x8(_) => ActKind::Q8_0,
             MatData::Q4_1(_) | MatData::Q5_1(_) | MatData::Q4_1x8(_) => ActKind::Q8_1,
-            MatData::Q4K(_) | MatData::Q5K(_) | MatData::Q6K(_) => ActKind::Q8K,
+            MatData::Q4K(_)
+            | MatData::Q5K(_)
+            | MatData::Q6K(_)
+            | MatData::Q4Kx8(_)
+            | MatData::Q5Kx8(_)
+            | MatData::Q6Kx8(_) => ActKind::Q8K,
             MatData::F16(_) | MatData::F32(_) => ActKind::F32,
         }
     }
@@ -93,6 +100,9 @@ impl Mat<'_> {
             MatData::Q4_0x8(w) => std::mem::size_of_val(w),
             MatData::Q4_1x8(w) => std::mem::size_of_val(w),
             MatData::Q8_0x8(w) => std::mem::size_of_val(w),
+            MatData::Q4Kx8(w) => std::mem::size_of_val(w),
+            MatData::Q5Kx8(w) => std::mem::size_of_val(w),
+            MatData::Q6Kx8(w) => std::mem::size_of_val(w),
         }
     }
 
@@ -119,6 +129,9 @@ impl Mat<'_> {
             MatData::Q4_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
             MatData::Q4_1x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
             MatData::Q8_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
+            MatData::Q4Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
+            MatData::Q5Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
+            MatData::Q6Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
         }
     }
 }
@@ -160,6 +173,9 @@ impl<'a> Mat<'a> {
             MatData::Q4_0x8(w) => MatData::Q4_0x8(groups_of(w, nb, r0, r1)),
             MatData::Q4_1x8(w) => MatData::Q4_1x8(groups_of(w, nb, r0, r1)),
             MatData::Q8_0x8(w) => MatData::Q8_0x8(groups_of(w, nb, r0, r1)),
+            MatData::Q4Kx8(w) => MatData::Q4Kx8(groups_of(w, nk, r0, r1)),
+            MatData::Q5Kx8(w) => MatData::Q5Kx8(groups_of(w, nk, r0, r1)),
+            MatData::Q6Kx8(w) => MatData::Q6Kx8(groups_of(w, nk, r0, r1)),
         };
         Mat {
             rows: r1 - r0,
@@ -173,7 +189,12 @@ impl<'a> Mat<'a> {
     pub fn is_packed(&self) -> bool {
         matches!(
             self.data,
-            MatData::Q4_0x8(_) | MatData::Q4_1x8(_) | MatData::Q8_0x8(_)
+            MatData::Q4_0x8(_)
+                | MatData::Q4_1x8(_)
+                | MatData::Q8_0x8(_)
+                | MatData::Q4Kx8(_)
+                | MatData::Q5Kx8(_)
+                | MatData::Q6Kx8(_)
         )
     }
 }
@@ -293,7 +314,8 @@ fn product<W: WeightFormat>(
 }
 
 /// [`product`] over packed weights: the pool splits whole groups of 8 rows. A table without
-/// packed products (a model packed for another engine's path) uses the packed reference.
+/// the format's packed products (a model packed for another engine's path) uses the packed
+/// reference.
 fn product_packed<P: PackedWeightFormat>(
     k: &Kernels,
     pool: &Pool,
@@ -303,7 +325,7 @@ fn product_packed<P: PackedWeightFormat>(
     out: &mut [f32],
 ) {
     let nb = a.len() / n_tok;
-    let pk = k.packed.as_ref().unwrap_or(&PACKED_REFERENCE);
+    let pk = P::table(k).unwrap_or(P::REFERENCE);
     let unit = PACK_ROWS * n_tok;
     if n_tok == 1 {
         let mv = P::matvec(pk);
@@ -354,6 +376,9 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
         MatData::Q4_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4_1x8(w) => product_packed(k, pool, w, &a.q8_1[..n * nb], n, out),
         MatData::Q8_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q4Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),
+        MatData::Q5Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),
+        MatData::Q6Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),
         MatData::F16(_) | MatData::F32(_) => {
             product_float(k, pool, m, &a.f32[..n * m.cols], n, out)
         }

@@ -10,7 +10,7 @@ pub mod synth;
 
 pub use hparams::{FfnAct, HParams, RopeType, SlidingWindow};
 use matrix::Mat;
-pub use packed::{HUGEPAGES_ENV, Packed, advise_huge_pages};
+pub use packed::{HUGEPAGES_ENV, PACK_K_ENV, Packed, advise_huge_pages};
 
 use crate::gguf::{GgmlType, Gguf, GgufError, OpenOptions, TensorInfo, TensorView};
 use crate::kv::{Geometry, KvType};
@@ -381,23 +381,44 @@ impl Model {
         self.pack_within(threads, packed::mem_available())
     }
 
+    /// [`Model::pack`], only the matrices whose packed products `k` has (nothing when it has
+    /// none; the first engine to pack a shared model decides).
+    pub fn pack_for(&self, k: &kernels_neon::Kernels, threads: usize) -> bool {
+        let formats = packed::Formats::of(k);
+        formats.any() && self.pack_within_formats(threads, packed::mem_available(), formats)
+    }
+
     /// [`Model::pack`] with the memory available given (`None`: unknown, pack anyway).
     pub fn pack_within(&self, threads: usize, available: Option<u64>) -> bool {
+        self.pack_within_formats(threads, available, packed::Formats::ALL)
+    }
+
+    fn pack_within_formats(
+        &self,
+        threads: usize,
+        available: Option<u64>,
+        formats: packed::Formats,
+    ) -> bool {
         if self.gguf.is_locked() {
+            return false;
+        }
+        let mut mats = Vec::with_capacity(self.layers.len() * 7 + 1);
+        for r in &self.layers {
+            for t in [r.wq, r.wk, r.wv, r.wo, r.w_gate, r.w_up, r.w_down] {
+                mats.push((t.index, self.mat(t)));
+            }
+        }
+        mats.push((self.output.index, self.mat(self.output)));
+        let want = packed::packed_bytes(&mats, formats);
+        // Nothing of these formats to pack: the model stays as it is, for an engine of another
+        // path to pack.
+        if want == 0 && self.packed.get().is_none() {
             return false;
         }
         let p = self.packed.get_or_init(|| {
             let t0 = std::time::Instant::now();
-            let mut mats = Vec::with_capacity(self.layers.len() * 7 + 1);
-            for r in &self.layers {
-                for t in [r.wq, r.wk, r.wv, r.wo, r.w_gate, r.w_up, r.w_down] {
-                    mats.push((t.index, self.mat(t)));
-                }
-            }
-            mats.push((self.output.index, self.mat(self.output)));
             // The packed copy is anonymous memory, which (without swap) the kernel cannot evict
             // as it can the file's pages: a model too big for the RAM left runs from the file.
-            let want = packed::packed_bytes(&mats);
             if let Some(avail) = available
                 && !packed::fits(want, avail)
             {
@@ -409,7 +430,7 @@ impl Model {
                 );
                 return Packed::default();
             }
-            let p = Packed::build(self.gguf.tensors().len(), &mats, threads, &|b| {
+            let p = Packed::build(self.gguf.tensors().len(), &mats, formats, threads, &|b| {
                 self.gguf.release_bytes(b)
             });
             // What the page-aligned steps left at the edges of the pieces.

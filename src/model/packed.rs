@@ -1,5 +1,6 @@
-//! Weight matrices repacked at load into the kernels' interleaved layout (`BlockQ4_0x8`, …),
-//! for kernel paths that have products over it (`Kernels::packed`).
+//! Weight matrices repacked at load into the kernels' interleaved layout (`BlockQ4_0x8`,
+//! `BlockQ4Kx8`, …), for kernel paths that have products over it (`Kernels::packed` for
+//! Q4_0, Q4_1 and Q8_0, `Kernels::packed_k` for Q4_K, Q5_K and Q6_K).
 //!
 //! Decoding streams every weight once per token, so its speed is the speed of the matrix-vector
 //! product over memory. Interleaving eight rows lets one integer dot product fill eight lanes
@@ -15,8 +16,8 @@
 
 use super::matrix::{Mat, MatData};
 use kernels_neon::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS,
-    PackedFormat, pack_matrix,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5K,
+    BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS, PackedFormat, pack_matrix,
 };
 
 /// Where a packed tensor lives.
@@ -25,6 +26,9 @@ enum Slot {
     Q4_0(usize, usize),
     Q4_1(usize, usize),
     Q8_0(usize, usize),
+    Q4K(usize, usize),
+    Q5K(usize, usize),
+    Q6K(usize, usize),
 }
 
 /// The packed matrices of one model, one buffer per block format, each in forward order.
@@ -33,24 +37,59 @@ pub struct Packed {
     q4_0: Vec<BlockQ4_0x8>,
     q4_1: Vec<BlockQ4_1x8>,
     q8_0: Vec<BlockQ8_0x8>,
+    q4_k: Vec<BlockQ4Kx8>,
+    q5_k: Vec<BlockQ5Kx8>,
+    q6_k: Vec<BlockQ6Kx8>,
     /// By tensor index in the file.
     slots: Vec<Option<Slot>>,
 }
 
-/// Whether `m` can be packed: a quantized format with a packed layout, whole groups of 8 rows.
-fn packable(m: &Mat<'_>) -> bool {
-    let quantized = matches!(
-        m.data,
-        MatData::Q4_0(_) | MatData::Q4_1(_) | MatData::Q8_0(_)
-    );
-    quantized && m.rows > 0 && m.rows.is_multiple_of(PACK_ROWS) && m.cols >= 32
+/// Which block formats to pack: those whose packed products the engine's kernel path has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Formats {
+    /// Q4_0, Q4_1, Q8_0 (`Kernels::packed`).
+    pub legacy: bool,
+    /// Q4_K, Q5_K, Q6_K (`Kernels::packed_k`).
+    pub k_quants: bool,
+}
+
+impl Formats {
+    /// Every format with a packed layout.
+    pub const ALL: Formats = Formats {
+        legacy: true,
+        k_quants: true,
+    };
+
+    /// The formats `k` has packed products for (the K-quants only with [`PACK_K_ENV`]` = 1`).
+    pub fn of(k: &kernels_neon::Kernels) -> Formats {
+        Formats {
+            legacy: k.packed.is_some(),
+            k_quants: k.packed_k.is_some()
+                && std::env::var_os(PACK_K_ENV).is_some_and(|v| v == "1"),
+        }
+    }
+
+    /// Whether there is anything to pack.
+    pub fn any(self) -> bool {
+        self.legacy || self.k_quants
+    }
+}
+
+/// Whether `m` can be packed: a quantized format of `formats`, whole groups of 8 rows.
+fn packable(m: &Mat<'_>, formats: Formats) -> bool {
+    let wanted = match m.data {
+        MatData::Q4_0(_) | MatData::Q4_1(_) | MatData::Q8_0(_) => formats.legacy,
+        MatData::Q4K(_) | MatData::Q5K(_) | MatData::Q6K(_) => formats.k_quants,
+        _ => false,
+    };
+    wanted && m.rows > 0 && m.rows.is_multiple_of(PACK_ROWS) && m.cols >= 32
 }
 
 /// Bytes the packed copy of `mats` takes (each tensor once).
-pub fn packed_bytes(mats: &[(usize, Mat<'_>)]) -> usize {
+pub fn packed_bytes(mats: &[(usize, Mat<'_>)], formats: Formats) -> usize {
     let mut seen = std::collections::HashSet::new();
     mats.iter()
-        .filter(|(i, m)| packable(m) && seen.insert(*i))
+        .filter(|(i, m)| packable(m, formats) && seen.insert(*i))
         .map(|(_, m)| m.bytes())
         .sum()
 }
@@ -80,6 +119,9 @@ enum Job<'s, 'd> {
     Q4_0(&'s [BlockQ4_0], &'d mut [BlockQ4_0x8], usize),
     Q4_1(&'s [BlockQ4_1], &'d mut [BlockQ4_1x8], usize),
     Q8_0(&'s [BlockQ8_0], &'d mut [BlockQ8_0x8], usize),
+    Q4K(&'s [BlockQ4K], &'d mut [BlockQ4Kx8], usize),
+    Q5K(&'s [BlockQ5K], &'d mut [BlockQ5Kx8], usize),
+    Q6K(&'s [BlockQ6K], &'d mut [BlockQ6Kx8], usize),
 }
 
 impl Job<'_, '_> {
@@ -94,6 +136,18 @@ impl Job<'_, '_> {
                 bytemuck::cast_slice(w)
             }
             Job::Q8_0(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q4K(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q5K(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q6K(w, out, nb) => {
                 pack_matrix(w, nb, out);
                 bytemuck::cast_slice(w)
             }
@@ -118,29 +172,33 @@ fn steps<'s, 'd, P: PackedFormat>(
 }
 
 impl Packed {
-    /// Packs `mats` (tensor index, matrix), in this order; the ones that cannot be packed and
-    /// repeats (tied embeddings) are left out. Each buffer is allocated once, at its final size,
+    /// Packs `mats` (tensor index, matrix) of `formats`, in this order; the ones that cannot
+    /// be packed and repeats (tied embeddings) are left out. Each buffer is allocated once, at its final size,
     /// and filled by `threads` threads, 1 MiB steps dealt out in turn (the page faults of a
     /// fresh buffer are much of the cost, and they run in parallel too). `release` is handed
     /// each piece of source data once it is packed.
     pub fn build(
         n_tensors: usize,
         mats: &[(usize, Mat<'_>)],
+        formats: Formats,
         threads: usize,
         release: &(dyn Fn(&[u8]) + Sync),
     ) -> Packed {
         let mut slots = vec![None; n_tensors];
-        let mut want = [0usize; 3];
+        let mut want = [0usize; 6];
         for (i, m) in mats {
-            if !packable(m) || slots[*i].is_some() {
+            if !packable(m, formats) || slots[*i].is_some() {
                 continue;
             }
-            let n = m.rows / PACK_ROWS * (m.cols / 32);
-            let (k, slot): (usize, fn(usize, usize) -> Slot) = match m.data {
-                MatData::Q4_0(_) => (0, Slot::Q4_0),
-                MatData::Q4_1(_) => (1, Slot::Q4_1),
-                _ => (2, Slot::Q8_0),
+            let (k, slot, block): (usize, fn(usize, usize) -> Slot, usize) = match m.data {
+                MatData::Q4_0(_) => (0, Slot::Q4_0, 32),
+                MatData::Q4_1(_) => (1, Slot::Q4_1, 32),
+                MatData::Q8_0(_) => (2, Slot::Q8_0, 32),
+                MatData::Q4K(_) => (3, Slot::Q4K, 256),
+                MatData::Q5K(_) => (4, Slot::Q5K, 256),
+                _ => (5, Slot::Q6K, 256),
             };
+            let n = m.rows / PACK_ROWS * (m.cols / block);
             slots[*i] = Some(slot(want[k], n));
             want[k] += n;
         }
@@ -150,21 +208,29 @@ impl Packed {
             q4_0: bytemuck::zeroed_vec(want[0]),
             q4_1: bytemuck::zeroed_vec(want[1]),
             q8_0: bytemuck::zeroed_vec(want[2]),
+            q4_k: bytemuck::zeroed_vec(want[3]),
+            q5_k: bytemuck::zeroed_vec(want[4]),
+            q6_k: bytemuck::zeroed_vec(want[5]),
             slots,
         };
         advise_huge_pages(&p.q4_0);
         advise_huge_pages(&p.q4_1);
         advise_huge_pages(&p.q8_0);
+        advise_huge_pages(&p.q4_k);
+        advise_huge_pages(&p.q5_k);
+        advise_huge_pages(&p.q6_k);
         let mut jobs = Vec::new();
         {
             let (mut q4_0, mut q4_1, mut q8_0) =
                 (&mut p.q4_0[..], &mut p.q4_1[..], &mut p.q8_0[..]);
+            let (mut q4_k, mut q5_k, mut q6_k) =
+                (&mut p.q4_k[..], &mut p.q5_k[..], &mut p.q6_k[..]);
             let mut done = vec![false; n_tensors];
             for (i, m) in mats {
                 if p.slots[*i].is_none() || std::mem::replace(&mut done[*i], true) {
                     continue;
                 }
-                let nb = m.cols / 32;
+                let (nb, nk) = (m.cols / 32, m.cols / 256);
                 // Slots were given out in this same order: each matrix takes the front of the
                 // rest of its buffer.
                 match m.data {
@@ -185,6 +251,24 @@ impl Packed {
                             std::mem::take(&mut q8_0).split_at_mut(w.len() / PACK_ROWS);
                         q8_0 = rest;
                         steps(w, dst, nb, Job::Q8_0, &mut jobs);
+                    }
+                    MatData::Q4K(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q4_k).split_at_mut(w.len() / PACK_ROWS);
+                        q4_k = rest;
+                        steps(w, dst, nk, Job::Q4K, &mut jobs);
+                    }
+                    MatData::Q5K(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q5_k).split_at_mut(w.len() / PACK_ROWS);
+                        q5_k = rest;
+                        steps(w, dst, nk, Job::Q5K, &mut jobs);
+                    }
+                    MatData::Q6K(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q6_k).split_at_mut(w.len() / PACK_ROWS);
+                        q6_k = rest;
+                        steps(w, dst, nk, Job::Q6K, &mut jobs);
                     }
                     _ => unreachable!("packable() admits only quantized matrices"),
                 }
@@ -212,6 +296,9 @@ impl Packed {
             Slot::Q4_0(s, n) => MatData::Q4_0x8(&self.q4_0[s..s + n]),
             Slot::Q4_1(s, n) => MatData::Q4_1x8(&self.q4_1[s..s + n]),
             Slot::Q8_0(s, n) => MatData::Q8_0x8(&self.q8_0[s..s + n]),
+            Slot::Q4K(s, n) => MatData::Q4Kx8(&self.q4_k[s..s + n]),
+            Slot::Q5K(s, n) => MatData::Q5Kx8(&self.q5_k[s..s + n]),
+            Slot::Q6K(s, n) => MatData::Q6Kx8(&self.q6_k[s..s + n]),
         })
     }
 
@@ -221,7 +308,12 @@ impl Packed {
     pub fn span(&self, indices: &[usize]) -> Option<MatData<'_>> {
         let slot = |i: usize| self.slots.get(i).copied().flatten();
         let range = |s: Slot| match s {
-            Slot::Q4_0(a, n) | Slot::Q4_1(a, n) | Slot::Q8_0(a, n) => (a, n),
+            Slot::Q4_0(a, n)
+            | Slot::Q4_1(a, n)
+            | Slot::Q8_0(a, n)
+            | Slot::Q4K(a, n)
+            | Slot::Q5K(a, n)
+            | Slot::Q6K(a, n) => (a, n),
         };
         let first = slot(*indices.first()?)?;
         let mut last = first;
@@ -238,7 +330,24 @@ impl Packed {
             Slot::Q4_0(..) => MatData::Q4_0x8(&self.q4_0[start..l + ln]),
             Slot::Q4_1(..) => MatData::Q4_1x8(&self.q4_1[start..l + ln]),
             Slot::Q8_0(..) => MatData::Q8_0x8(&self.q8_0[start..l + ln]),
+            Slot::Q4K(..) => MatData::Q4Kx8(&self.q4_k[start..l + ln]),
+            Slot::Q5K(..) => MatData::Q5Kx8(&self.q5_k[start..l + ln]),
+            Slot::Q6K(..) => MatData::Q6Kx8(&self.q6_k[start..l + ln]),
         })
+    }
+
+    /// The formats it holds packed matrices of.
+    pub fn formats(&self) -> Formats {
+        Formats {
+            legacy: !(self.q4_0.is_empty() && self.q4_1.is_empty() && self.q8_0.is_empty()),
+            k_quants: !(self.q4_k.is_empty() && self.q5_k.is_empty() && self.q6_k.is_empty()),
+        }
+    }
+
+    /// Whether `k` has the packed products of every format this holds.
+    pub fn served_by(&self, k: &kernels_neon::Kernels) -> bool {
+        let (have, need) = (Formats::of(k), self.formats());
+        (have.legacy || !need.legacy) && (have.k_quants || !need.k_quants)
     }
 
     /// How many tensors were packed and their bytes.
@@ -246,10 +355,18 @@ impl Packed {
         let n = self.slots.iter().flatten().count();
         let bytes = std::mem::size_of_val(&self.q4_0[..])
             + std::mem::size_of_val(&self.q4_1[..])
-            + std::mem::size_of_val(&self.q8_0[..]);
+            + std::mem::size_of_val(&self.q8_0[..])
+            + std::mem::size_of_val(&self.q4_k[..])
+            + std::mem::size_of_val(&self.q5_k[..])
+            + std::mem::size_of_val(&self.q6_k[..]);
         (n, bytes)
     }
 }
+
+/// `EDGELLM_PACK_K=1` packs K-quant matrices too (off by default: on a Zen 4 VM the packed
+/// Q6_K product still decodes the 1.5B Q4_K_M model slower than the file's layout, whose
+/// products are bit-identical, so the switch changes speed only).
+pub const PACK_K_ENV: &str = "EDGELLM_PACK_K";
 
 /// `EDGELLM_HUGEPAGES=0` leaves the packed weights on normal pages (for A/B runs, or a device
 /// whose memory is so fragmented that the kernel's compaction for huge pages stalls start-up).
@@ -287,7 +404,8 @@ pub fn advise_huge_pages<T>(buf: &[T]) {
 /// embeddings).
 pub fn packed_row_f32<P: PackedFormat>(w: &[P], nb: usize, r: usize, out: &mut [f32]) {
     let (g, k) = (r / PACK_ROWS, r % PACK_ROWS);
-    for (b, o) in w[g * nb..][..nb].iter().zip(out.chunks_exact_mut(32)) {
+    let len = P::Row::BLOCK_LEN;
+    for (b, o) in w[g * nb..][..nb].iter().zip(out.chunks_exact_mut(len)) {
         P::Row::dequantize_row(&[b.unpack(k)], o);
     }
 }

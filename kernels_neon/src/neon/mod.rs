@@ -5,7 +5,8 @@
 //! - [`DOTPROD`] replaces the integer block products with `sdot` (vec_dot, matvec, matmul),
 //!   and has products over weights packed 8 rows at a time (`packed.rs`, `sdot` by element),
 //!   which the engine then uses.
-//! - The K-quants (`kquant.rs`) on base NEON and with `sdot`, in the x86 path's sequence.
+//! - The K-quants (`kquant.rs`) on base NEON and with `sdot`, in the x86 path's sequence, and
+//!   over K-quant weights packed 8 rows at a time (`kpacked.rs`), which every ARM path has.
 //! - [`I8MM`] adds `smmla` for the prompt-batch products (matmul), 2 rows × 2 tokens per
 //!   instruction; token generation (matvec) stays on `sdot`.
 //!
@@ -23,6 +24,7 @@
 
 mod dot;
 mod fp16;
+mod kpacked;
 mod kquant;
 mod matmul;
 mod matvec;
@@ -48,6 +50,7 @@ pub(crate) const NEON: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_neon::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_neon::<BlockQ8_0>,
     packed: None,
+    packed_k: Some(kpacked::PACKED_K),
     // Q5_0 and Q5_1 through the Q4 block products (their values unpacked with the fifth
     // bit); the K-quants in `kquant.rs`; the Q8_K quantizer is the reference's.
     more: MoreFormats {
@@ -99,6 +102,7 @@ pub(crate) const DOTPROD: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_dotprod::<BlockQ4_1>,
     matmul_q8_0_q8_0: matmul::matmul_dotprod::<BlockQ8_0>,
     packed: Some(packed::PACKED),
+    packed_k: Some(kpacked::dotprod::PACKED_K),
     more: MoreFormats {
         vec_dot_q4_k_q8_k: kquant::dotprod::vec_dot_q4_k_q8_k,
         vec_dot_q5_k_q8_k: kquant::dotprod::vec_dot_q5_k_q8_k,

@@ -32,7 +32,7 @@ fn sdot_lane<const L: i32>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x
 /// `acc + sum_j sdot(v[j], y.4b[j])`.
 #[target_feature(enable = "dotprod")]
 #[inline]
-fn sdot4(acc: int32x4_t, v: &[int8x16_t; 4], y: int8x16_t) -> int32x4_t {
+pub(super) fn sdot4(acc: int32x4_t, v: &[int8x16_t; 4], y: int8x16_t) -> int32x4_t {
     let acc = sdot_lane::<0>(acc, v[0], y);
     let acc = sdot_lane::<1>(acc, v[1], y);
     let acc = sdot_lane::<2>(acc, v[2], y);

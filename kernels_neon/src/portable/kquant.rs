@@ -14,12 +14,19 @@
 //! - `dot` of a scaled level and an activation pair is at most 2 · 8064 · 128, and the 256
 //!   values of a block at most 256 · 8064 · 128 < 2^31: the i32 lanes never wrap.
 //!
+//! Packed K-quant matrices (`BlockQ4Kx8`, …) run the same tiles on each group's eight rows,
+//! taken out of the interleave block by block: the same bits, without the horizontal
+//! bookkeeping of eight rows in one vector that the hand-written paths do.
+//!
 //! Tiles of `RM` rows × `RN` tokens share the unpacking of a row's block between tokens and
 //! the splitting of a token's block between rows; every (row, token) pair still runs its own
 //! block-by-block sequence, so the tile shape does not reach the result.
 
 use super::simd::f16_to_f32;
-use crate::block::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, f16};
+use crate::block::{
+    BlockQ4K, BlockQ4Kx8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8K, PACK_ROWS,
+    PackedFormat, QK_K, f16,
+};
 use crate::kseq::{finish_block_off, scales_mins};
 use crate::reference::{check_matmul, check_matvec};
 use bytemuck::cast;
@@ -283,6 +290,76 @@ fn run<F: KFormat, const RM: usize, const RN: usize>(
         }
     });
 }
+
+/// The row format of a packed K-quant layout, as this file's tiles take it.
+trait PkRow: PackedFormat {
+    type F: KFormat<W = Self::Row>;
+}
+impl PkRow for BlockQ4Kx8 {
+    type F = Q4K;
+}
+impl PkRow for BlockQ5Kx8 {
+    type F = Q5K;
+}
+impl PkRow for BlockQ6Kx8 {
+    type F = Q6K;
+}
+
+/// Group `g` of a packed matrix (its blocks `wg`) × tokens `t..t + RN`: each of the eight
+/// rows' blocks taken out of the interleave and unpacked as [`tile`] unpacks a row's, so every
+/// (row, token) pair runs [`tile`]'s sequence and the results are its bits.
+#[inline(always)]
+fn packed_group<P: PkRow, const RN: usize>(
+    wg: &[P],
+    a: &[BlockQ8K],
+    n_tok: usize,
+    g: usize,
+    t: usize,
+    out: &mut [f32],
+) {
+    let nb = wg.len();
+    let (mut acc, mut mins) = ([[0.0f32; RN]; PACK_ROWS], [[0.0f32; RN]; PACK_ROWS]);
+    let mut u = [Unpacked::ZERO; PACK_ROWS];
+    for (b, p) in wg.iter().enumerate() {
+        for (k, uk) in u.iter_mut().enumerate() {
+            *uk = P::F::unpack(&p.unpack(k));
+        }
+        for j in 0..RN {
+            let ab = &a[(t + j) * nb + b];
+            let ap = split_a(ab);
+            let bs: [i16x8; 2] = cast(ab.bsums);
+            for (i, ui) in u.iter().enumerate() {
+                let s = sumi(&ui.q, &ap);
+                let off = (ui.bsum_mul[0].dot(bs[0]) + ui.bsum_mul[1].dot(bs[1])).reduce_add();
+                finish_block_off(s, off, ui.d, ui.dmin, ab.d, &mut acc[i][j], &mut mins[i][j]);
+            }
+        }
+    }
+    for i in 0..PACK_ROWS {
+        for j in 0..RN {
+            out[(g * PACK_ROWS + i) * n_tok + t + j] = acc[i][j] - mins[i][j];
+        }
+    }
+}
+
+/// Every group × token of a product over packed weights (shapes as `check_packed` checks
+/// them), a group at a time.
+fn run_packed<P: PkRow>(w: &[P], a: &[BlockQ8K], nb: usize, n_tok: usize, out: &mut [f32]) {
+    let groups = out.len() / n_tok / PACK_ROWS;
+    for g in 0..groups {
+        let wg = &w[g * nb..(g + 1) * nb];
+        let mut t = 0;
+        while t + 2 <= n_tok {
+            packed_group::<P, 2>(wg, a, n_tok, g, t, out);
+            t += 2;
+        }
+        if t < n_tok {
+            packed_group::<P, 1>(wg, a, n_tok, g, t, out);
+        }
+    }
+}
+
+packed_k_table!(safe "the portable path", run_packed);
 
 macro_rules! k_kernels {
     ($fmt:ty, $w:ty, $dot:ident, $mv:ident, $mm:ident) => {

@@ -61,6 +61,7 @@ pub(crate) const TABLE: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
+    packed_k: Some(kquant::PACKED_K),
     // The Q8_K quantizer is the reference's: it runs once per activation row, the products
     // once per weight row.
     more: crate::dispatch::MoreFormats {

@@ -48,17 +48,16 @@ pub fn matmul_packed_ref<P: PackedFormat>(
         out.fill(0.0);
         return;
     }
+    let mut row = vec![P::Row::default(); nb];
     for (r, o) in out.chunks_exact_mut(n_tok).enumerate() {
         let (g, k) = (r / PACK_ROWS, r % PACK_ROWS);
-        let group = &w[g * nb..][..nb];
+        for (dst, p) in row.iter_mut().zip(&w[g * nb..][..nb]) {
+            *dst = p.unpack(k);
+        }
+        // The whole row at once, as `matvec_ref` takes it: the K-quant references sum a row's
+        // blocks in eight lanes, not one after the other.
         for (t, o) in o.iter_mut().enumerate() {
-            let at = &a[t * nb..][..nb];
-            // Block by block: `vec_dot_ref` of one block is `0.0 + term`, which is `term`, so
-            // the running sum is the reference's own.
-            *o = 0.0;
-            for (p, ab) in group.iter().zip(at.chunks_exact(1)) {
-                *o += P::Row::vec_dot_ref(&[p.unpack(k)], ab);
-            }
+            *o = P::Row::vec_dot_ref(&row, &a[t * nb..][..nb]);
         }
     }
 }

@@ -17,6 +17,7 @@
 //! - `kquant`: Q4_K, Q5_K and Q6_K against Q8_K, a super-block unpacked once per row and
 //!   shared by up to sixteen tokens.
 //! - `packed`: products over weights interleaved 8 rows at a time (`avx512vnni` only).
+//! - `kpacked`: products over K-quant weights interleaved 8 rows at a time (both tables).
 //! - `ops`: the f32 operations (Cephes `exp` polynomial in softmax/silu), f16 conversions
 //!   through F16C.
 //! - `attention`: scores and weighted sums over the f16 KV cache for a group of query heads.
@@ -37,6 +38,7 @@ macro_rules! avx2_entry {
 
 mod attention;
 mod dot;
+mod kpacked;
 mod kquant;
 mod matmul;
 mod ops;
@@ -63,6 +65,7 @@ pub(crate) const AVX2: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
+    packed_k: Some(kpacked::PACKED_K),
     more: MoreFormats {
         quantize_row_q8_k: quant::quantize_row_q8_k,
         vec_dot_q4_k_q8_k: kquant::vec_dot_q4_k_q8_k,
@@ -112,6 +115,7 @@ pub(crate) const AVX512VNNI: Kernels = Kernels {
     matmul_q4_1_q8_1: matmul::vnni::matmul_q4_1_q8_1,
     matmul_q8_0_q8_0: matmul::vnni::matmul_q8_0_q8_0,
     packed: Some(packed::PACKED),
+    packed_k: Some(kpacked::vnni::PACKED_K),
     more: MoreFormats {
         matmul_q5_0_q8_0: matmul::vnni::matmul_q5_0_q8_0,
         matmul_q5_1_q8_1: matmul::vnni::matmul_q5_1_q8_1,
