@@ -78,9 +78,30 @@ fn unpacked_twin(k: &'static Kernels) -> &'static Kernels {
 
 #[test]
 fn packed_k_quant_weights_give_the_bits_of_the_files_layout_on_every_path() {
-    // SAFETY: the only test of this binary, run before any engine or thread reads the
-    // environment.
-    unsafe { std::env::set_var(edgellm::model::PACK_K_ENV, "1") };
+    // Packing K-quants is switched on by the environment, read when a model loads: this test
+    // runs itself again as a child with the switch set, rather than change its own
+    // environment under threads that may read it.
+    if std::env::var_os(edgellm::model::PACK_K_ENV).is_none_or(|v| v != "1") {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "packed_k_quant_weights_give_the_bits_of_the_files_layout_on_every_path",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(edgellm::model::PACK_K_ENV, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "with {}=1:\n{text}",
+            edgellm::model::PACK_K_ENV
+        );
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+        return;
+    }
     let mut checked = Vec::new();
     for p in Path::available() {
         let k = Kernels::for_path(p).unwrap();
