@@ -195,7 +195,7 @@ pub fn run(a: Args) -> CliResult {
         max_prompt_bytes: MAX_PROMPT_BYTES as usize,
         sessions,
         chat_template: a.chat_template.clone(),
-        test_stall: None,
+        ..ServiceConfig::default()
     };
     let service = Service::start(loaded.engine, cfg).map_err(|e| e.to_string())?;
     let (tx, rx) = std::sync::mpsc::sync_channel(64);

@@ -422,7 +422,7 @@ impl Config {
             max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
             sessions: self.store_config().map_or(Sessions::None, Sessions::Store),
             chat_template: self.model.chat_template.clone(),
-            test_stall: None,
+            ..ServiceConfig::default()
         }
     }
 

@@ -52,7 +52,9 @@ pub struct Settings {
     /// Told of the connection: `None` once connected, `Some(why)` when an attempt failed
     /// (one line for a person, with the delay before the next attempt).
     pub on_link: Option<OnLink>,
-    /// Tests only: SIGKILL right after the answer to this request id is journaled.
+    /// Tests only (the `test-hooks` feature): SIGKILL right after the answer to this request id
+    /// is journaled.
+    #[cfg(feature = "test-hooks")]
     pub test_kill_after_journal: Option<String>,
 }
 
@@ -220,15 +222,18 @@ pub async fn run(
     let (tx, rx) = mpsc::channel::<Out>(256);
     let inflight = Arc::new(InFlight::default());
     let sessions = Arc::new(SessionCount::default());
-    let publisher = tokio::spawn(publish_answers(
-        client.clone(),
-        rx,
-        Arc::clone(&shared.journal),
-        s.qos,
-        Arc::clone(&inflight),
-        Arc::clone(&sessions),
-        s.test_kill_after_journal.clone(),
-    ));
+    let publisher = tokio::spawn(
+        Publisher {
+            client: client.clone(),
+            journal: Arc::clone(&shared.journal),
+            qos: s.qos,
+            inflight: Arc::clone(&inflight),
+            sessions: Arc::clone(&sessions),
+            #[cfg(feature = "test-hooks")]
+            kill_after_journal: s.test_kill_after_journal.clone(),
+        }
+        .run(rx),
+    );
     // The status goes out once requests can arrive (a client that sees "online" may ask at
     // once), again after every reconnection (a broker restarted without persistence lost the
     // retained one), and whenever it changes.
@@ -522,97 +527,110 @@ fn queue_reply(tx: &mpsc::Sender<Out>, out: Out) {
 /// is first written to the journal (synced), then published, then the request is
 /// acknowledged: whatever point a crash stops this at, a redelivery finds the answer or finds
 /// a request never answered.
-async fn publish_answers(
+struct Publisher {
     client: Link,
-    mut rx: mpsc::Receiver<Out>,
     journal: SharedJournal,
     qos: QoS,
     inflight: Arc<InFlight>,
     sessions: Arc<SessionCount>,
+    #[cfg(feature = "test-hooks")]
     kill_after_journal: Option<String>,
-) {
-    // Chunks so far of each streaming request: (id, next seq).
-    let mut seqs: Vec<(String, u64)> = Vec::new();
-    while let Some(out) = rx.recv().await {
-        let (ctx, body, last) = match out {
-            Out::Reply(ctx, body) => (ctx, body, true),
-            Out::Event(ctx, Event::Text(chunk)) => {
-                if !ctx.stream {
-                    continue;
+}
+
+impl Publisher {
+    async fn run(self, mut rx: mpsc::Receiver<Out>) {
+        let Publisher {
+            client,
+            journal,
+            qos,
+            inflight,
+            sessions,
+            ..
+        } = &self;
+        // Chunks so far of each streaming request: (id, next seq).
+        let mut seqs: Vec<(String, u64)> = Vec::new();
+        while let Some(out) = rx.recv().await {
+            let (ctx, body, last) = match out {
+                Out::Reply(ctx, body) => (ctx, body, true),
+                Out::Event(ctx, Event::Text(chunk)) => {
+                    if !ctx.stream {
+                        continue;
+                    }
+                    let seq = match seqs.iter_mut().find(|(i, _)| *i == ctx.id) {
+                        Some((_, n)) => {
+                            *n += 1;
+                            *n - 1
+                        }
+                        None => {
+                            seqs.push((ctx.id.clone(), 1));
+                            0
+                        }
+                    };
+                    let body = contract::chunk_json(&ctx.id, seq, &chunk);
+                    (ctx, body, false)
                 }
-                let seq = match seqs.iter_mut().find(|(i, _)| *i == ctx.id) {
-                    Some((_, n)) => {
-                        *n += 1;
-                        *n - 1
-                    }
-                    None => {
-                        seqs.push((ctx.id.clone(), 1));
-                        0
-                    }
-                };
-                let body = contract::chunk_json(&ctx.id, seq, &chunk);
-                (ctx, body, false)
-            }
-            Out::Event(ctx, Event::Done(d)) => (ctx, contract::done_json(&d), true),
-            Out::Event(ctx, Event::Error(e)) => {
-                let body = contract::error_json(Some(&ctx.id), &e);
-                (ctx, body, true)
-            }
-        };
-        if last {
-            seqs.retain(|(i, _)| *i != ctx.id);
-            let answer = Answer {
-                topic: ctx.topic.clone(),
-                properties: ctx.properties,
-                correlation: ctx.correlation.clone(),
-                payload: body.clone(),
+                Out::Event(ctx, Event::Done(d)) => (ctx, contract::done_json(&d), true),
+                Out::Event(ctx, Event::Error(e)) => {
+                    let body = contract::error_json(Some(&ctx.id), &e);
+                    (ctx, body, true)
+                }
             };
-            // The sync blocks: off the I/O thread.
-            let j = Arc::clone(&journal);
-            let key = ctx.key;
-            let kept = tokio::task::spawn_blocking(move || {
-                j.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .record(key, answer)
-            })
-            .await;
-            match kept {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(
-                    request = ctx.id,
-                    "{e}: the answer is published, but a redelivery would compute it again"
-                ),
-                Err(e) => tracing::error!(request = ctx.id, "answer journal: {e}"),
+            if last {
+                seqs.retain(|(i, _)| *i != ctx.id);
+                let answer = Answer {
+                    topic: ctx.topic.clone(),
+                    properties: ctx.properties,
+                    correlation: ctx.correlation.clone(),
+                    payload: body.clone(),
+                };
+                // The sync blocks: off the I/O thread.
+                let j = Arc::clone(journal);
+                let key = ctx.key;
+                let kept = tokio::task::spawn_blocking(move || {
+                    j.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .record(key, answer)
+                })
+                .await;
+                match kept {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(
+                        request = ctx.id,
+                        "{e}: the answer is published, but a redelivery would compute it again"
+                    ),
+                    Err(e) => tracing::error!(request = ctx.id, "answer journal: {e}"),
+                }
+                #[cfg(feature = "test-hooks")]
+                if self.kill_after_journal.as_deref() == Some(ctx.id.as_str()) {
+                    tracing::warn!(request = ctx.id, "test hook: SIGKILL after the journal");
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                }
             }
-            if kill_after_journal.as_deref() == Some(ctx.id.as_str()) {
-                tracing::warn!(request = ctx.id, "test hook: SIGKILL after the journal");
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        let props = answer_properties(ctx.properties, ctx.correlation.clone());
-        let sent = client.publish(&ctx.topic, qos, false, body, props).await;
-        if sent.is_err() {
-            tracing::error!(
-                request = ctx.id,
-                "cannot publish the answer: the client has stopped"
-            );
-            return;
-        }
-        if last {
-            match &ctx.ack {
-                // The broker forgot the session this came in, and with it the delivery: it
-                // will not send it again, and its packet id may now be another request's.
-                Some(_) if ctx.session != sessions.now() => tracing::info!(
+            let props = answer_properties(ctx.properties, ctx.correlation.clone());
+            let sent = client.publish(&ctx.topic, *qos, false, body, props).await;
+            if sent.is_err() {
+                tracing::error!(
                     request = ctx.id,
-                    "answered after the broker lost its session: nothing to acknowledge"
-                ),
-                Some(ack) if client.ack(ack).await.is_err() => tracing::warn!(
-                    request = ctx.id,
-                    "cannot acknowledge the request: the client has stopped"
-                ),
-                _ => {}
+                    "cannot publish the answer: the client has stopped"
+                );
+                return;
             }
-            inflight.done(&ctx.key);
+            if last {
+                match &ctx.ack {
+                    // The broker forgot the session this came in, and with it the delivery: it
+                    // will not send it again, and its packet id may now be another request's.
+                    Some(_) if ctx.session != sessions.now() => tracing::info!(
+                        request = ctx.id,
+                        "answered after the broker lost its session: nothing to acknowledge"
+                    ),
+                    Some(ack) if client.ack(ack).await.is_err() => tracing::warn!(
+                        request = ctx.id,
+                        "cannot acknowledge the request: the client has stopped"
+                    ),
+                    _ => {}
+                }
+                inflight.done(&ctx.key);
+            }
         }
     }
 }

@@ -27,6 +27,7 @@ pub(super) struct Worker {
     pub(super) engine: Engine,
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: Store,
+    #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
     pub(super) shared: Arc<Shared>,
@@ -144,6 +145,7 @@ impl Worker {
                 format!("its deadline passed after {queue_ms:.0} ms in the queue"),
             );
         }
+        #[cfg(feature = "test-hooks")]
         if let Some(pause) = self.test_stall {
             std::thread::sleep(pause);
         }

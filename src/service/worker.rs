@@ -42,8 +42,9 @@ pub struct ServiceConfig {
     pub sessions: Sessions,
     /// A chat template to use instead of the model's: a Jinja file, or a built-in name.
     pub chat_template: Option<PathBuf>,
-    /// Tests only: every answer starts with this pause, during which the worker makes no
-    /// progress (a hung engine, as a supervisor's watchdog must see it).
+    /// Tests only (the `test-hooks` feature): every answer starts with this pause, during
+    /// which the worker makes no progress (a hung engine, as a supervisor's watchdog must see it).
+    #[cfg(feature = "test-hooks")]
     pub test_stall: Option<Duration>,
 }
 
@@ -55,6 +56,7 @@ impl Default for ServiceConfig {
             max_prompt_bytes: 16 << 20,
             sessions: Sessions::None,
             chat_template: None,
+            #[cfg(feature = "test-hooks")]
             test_stall: None,
         }
     }
@@ -379,6 +381,7 @@ impl Service {
             engine,
             template,
             sessions,
+            #[cfg(feature = "test-hooks")]
             test_stall: cfg.test_stall,
             recorder,
             shared: Arc::clone(&shared),
