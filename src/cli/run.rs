@@ -180,7 +180,7 @@ pub fn run(a: Args) -> CliResult {
     let n_ctx = loaded.engine.config().n_ctx;
     let sessions = match (&a.session_file, &a.state_dir) {
         (Some(f), _) => Sessions::File(f.clone()),
-        (None, Some(dir)) => Sessions::Store(StoreConfig {
+        (None, Some(dir)) => Sessions::Dir(StoreConfig {
             dir: dir.clone(),
             // One resident session: a run answers one request.
             ram_bytes: 0,

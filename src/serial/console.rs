@@ -17,7 +17,7 @@
 
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{Event, FinishReason, Prompt, Request};
+use crate::service::{Event, Prompt, Request};
 use crate::tokenizer::ChatMessage;
 use std::time::Duration;
 
@@ -368,7 +368,7 @@ impl Core for ConsoleCore {
             Event::Done(d) => {
                 let summary = format!(
                     "[{} · {} prompt tokens · {} tokens · {:.1} tok/s]\n",
-                    finish_str(d.finish_reason),
+                    d.finish_reason.as_str(),
                     d.usage.prompt_tokens,
                     d.usage.completion_tokens,
                     d.timings.decode_tps,
@@ -418,16 +418,6 @@ fn log(env: &mut dyn Env, n: usize) {
     for l in lines {
         write_text(env, &l);
         env.write(b"\r\n");
-    }
-}
-
-fn finish_str(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Eog => "eog",
-        FinishReason::Length => "length",
-        FinishReason::ContextFull => "context_full",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Timeout => "timeout",
     }
 }
 

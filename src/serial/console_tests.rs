@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::serial::core::MemEnv;
-use crate::service::{Chunk, Done, ErrorCode, ServiceError, Timings, Usage};
+use crate::service::{Chunk, Done, ErrorCode, FinishReason, ServiceError, Timings, Usage};
 
 fn console() -> ConsoleCore {
     ConsoleCore::new(ConsoleConfig {

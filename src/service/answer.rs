@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// The sessions a worker answers in.
-pub(super) enum Store {
+/// The sessions a worker answers in: [`Sessions`](super::Sessions) once opened.
+pub(super) enum OpenSessions {
     /// No sessions: every request in one scratch session.
-    None(Session),
+    Scratch(Session),
     File(SessionFile),
     /// A state directory, and a scratch session for requests that name none.
     Dir(SessionStore, Session),
@@ -26,7 +26,7 @@ pub(super) enum Store {
 pub(super) struct Worker {
     pub(super) engine: Engine,
     pub(super) template: Option<ChatTemplate>,
-    pub(super) sessions: Store,
+    pub(super) sessions: OpenSessions,
     #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
@@ -216,7 +216,7 @@ impl Worker {
         };
         let gen_start = Instant::now();
         let (out, report) = match (&mut self.sessions, &req.session) {
-            (Store::None(scratch) | Store::Dir(_, scratch), None) => {
+            (OpenSessions::Scratch(scratch) | OpenSessions::Dir(_, scratch), None) => {
                 let out = engine.generate(
                     scratch,
                     &built.ids,
@@ -227,8 +227,10 @@ impl Worker {
                 )?;
                 (out, None)
             }
-            (Store::None(_) | Store::File(_), Some(_)) => return Err(no_sessions()),
-            (Store::File(f), None) => {
+            (OpenSessions::Scratch(_) | OpenSessions::File(_), Some(_)) => {
+                return Err(no_sessions());
+            }
+            (OpenSessions::File(f), None) => {
                 let (out, turn) = f.generate(
                     engine,
                     &built.ids,
@@ -239,7 +241,7 @@ impl Worker {
                 )?;
                 (out, Some(SessionReport::of(None, turn)))
             }
-            (Store::Dir(store, _), Some(id)) => {
+            (OpenSessions::Dir(store, _), Some(id)) => {
                 let system = cache_system_prompt(store, engine, &built);
                 let (out, turn) = store.generate(
                     engine,
@@ -261,13 +263,13 @@ impl Worker {
         if !gone {
             send_text(sink, &tail);
         }
-        let finish = match out.finish {
-            _ if timed_out => FinishReason::Timeout,
-            _ if cancelled || gone => FinishReason::Cancelled,
-            crate::engine::FinishReason::Eog => FinishReason::Eog,
-            crate::engine::FinishReason::Length => FinishReason::Length,
-            crate::engine::FinishReason::ContextFull => FinishReason::ContextFull,
-            crate::engine::FinishReason::Cancelled => FinishReason::Cancelled,
+        // The loop says `cancelled` whenever the callback stopped it; the callback knows why.
+        let finish = if timed_out {
+            FinishReason::Timeout
+        } else if cancelled || gone {
+            FinishReason::Cancelled
+        } else {
+            out.finish
         };
         let recomputed = report.as_ref().map_or(0, |r| match r.source {
             Source::File { recomputed, .. } | Source::Refused { recomputed, .. } => recomputed,
@@ -283,7 +285,7 @@ impl Worker {
 impl Worker {
     /// [`Prompt::Forget`](super::Prompt::Forget): deletes the named session.
     fn forget(&mut self, req: &Request) -> Result<Done, ServiceError> {
-        let (Store::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
+        let (OpenSessions::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
             return Err(match req.session {
                 None => ServiceError::new(ErrorCode::BadRequest, "a reset names no session"),
                 Some(_) => no_sessions(),

@@ -24,6 +24,7 @@ pub mod worker;
 pub use worker::{Handle, Service, ServiceConfig, Sessions, Ticket};
 
 use crate::engine::EngineConfig;
+pub use crate::engine::FinishReason;
 use crate::engine::store::StoreError;
 use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
 use crate::engine::{EngineError, SamplingParams};
@@ -238,22 +239,6 @@ pub enum Event {
     Text(Chunk),
     Done(Box<Done>),
     Error(ServiceError),
-}
-
-/// Why the answer ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// The model ended its answer (an end-of-generation token, the last generated id).
-    Eog,
-    /// The request's `max_tokens` was reached.
-    Length,
-    /// The context is full.
-    ContextFull,
-    /// Cancelled by the caller, or the receiver of the events went away.
-    Cancelled,
-    /// The request's deadline passed.
-    Timeout,
 }
 
 /// Token counts of one answer: one definition for every front end (MQTT's `usage`, the line

@@ -7,7 +7,7 @@
 //! between requests too. Cancellation and deadlines are checked between tokens. The worker's
 //! side — taking a request and answering it — is in `answer.rs`.
 
-use super::answer::{Store, Worker};
+use super::answer::{OpenSessions, Worker};
 use super::queue::{FairQueue, Full};
 use super::{ErrorCode, Event, Recorder, Request, ServiceError};
 use crate::engine::Engine;
@@ -27,7 +27,7 @@ pub enum Sessions {
     /// One snapshot file holds the one session every request continues.
     File(PathBuf),
     /// Named sessions and cached system prompts in a state directory.
-    Store(StoreConfig),
+    Dir(StoreConfig),
 }
 
 /// How the service is sized.
@@ -324,9 +324,9 @@ impl Service {
         recorder: impl FnOnce() -> Option<Box<dyn Recorder>>,
     ) -> Result<Service, ServiceError> {
         let sessions = match &cfg.sessions {
-            Sessions::None => Store::None(engine.new_session()),
-            Sessions::File(path) => Store::File(SessionFile::open(&mut engine, path)?),
-            Sessions::Store(sc) => Store::Dir(
+            Sessions::None => OpenSessions::Scratch(engine.new_session()),
+            Sessions::File(path) => OpenSessions::File(SessionFile::open(&mut engine, path)?),
+            Sessions::Dir(sc) => OpenSessions::Dir(
                 SessionStore::open(&engine, sc.clone())?,
                 engine.new_session(),
             ),

@@ -1,6 +1,6 @@
 use super::*;
 use crate::serial::core::MemEnv;
-use crate::service::{Chunk, Done, Timings, Usage};
+use crate::service::{Chunk, Done, ErrorCode, Timings, Usage};
 
 fn core() -> LineCore {
     LineCore::new(LineConfig {
