@@ -295,22 +295,16 @@ impl ConsoleCore {
 
     fn status(&self, env: &mut dyn Env) {
         let s = env.status();
-        let text = format!(
-            "state      {} (model {})\nqueue      {} waiting, answering: {}\n\
-             answered   {}, failed {}, busy {}\nuptime     {} s\n\
-             this port  {} requests, {} bad input, {} checksum errors\n",
+        let mut text = format!(
+            "state      {} (model {})\nqueue      {} waiting, answering: {}\n",
             s.state,
             s.model,
             s.queue,
             if s.running { "yes" } else { "no" },
-            s.answered,
-            s.failed,
-            s.busy,
-            s.uptime_s,
-            s.port_requests,
-            s.port_bad_input,
-            s.port_checksum_errors,
         );
+        for (name, n) in s.counters() {
+            text.push_str(&format!("{name:<21}{n}\n"));
+        }
         write_text(env, &text);
     }
 

@@ -140,27 +140,22 @@ impl LineCore {
             "HELP" => reply(env, checksum, "OK ", HELP),
             "STATUS" => {
                 let s = env.status();
-                let line = format!(
-                    "state={} model={} queue={} running={} answered={} failed={} busy={} \
-                     uptime_s={} port_requests={} port_bad_input={} port_checksum_errors={} \
-                     this_port={}",
+                let mut line = format!(
+                    "state={} model={} queue={} running={}",
                     s.state,
                     s.model,
                     s.queue,
                     yes_no(s.running),
-                    s.answered,
-                    s.failed,
-                    s.busy,
-                    s.uptime_s,
-                    s.port_requests,
-                    s.port_bad_input,
-                    s.port_checksum_errors,
-                    if self.running.is_some() {
-                        "running"
-                    } else {
-                        "idle"
-                    },
                 );
+                for (name, n) in s.counters() {
+                    line.push_str(&format!(" {name}={n}"));
+                }
+                let this = if self.running.is_some() {
+                    "running"
+                } else {
+                    "idle"
+                };
+                line.push_str(&format!(" this_port={this}"));
                 reply(env, checksum, "OK ", &line)
             }
             "CANCEL" => {
