@@ -1,9 +1,11 @@
 //! The MQTT client loop (rumqttc, MQTT 5): a thin tokio wrapper around [`super::contract`].
 //!
 //! One task polls the connection and does nothing else: it never awaits a publish (rumqttc's
-//! request channel is drained by that same poll, so awaiting it there can deadlock). Requests
-//! go to the service with a [`Sink`] that hands each event to the publisher task, which
-//! publishes chunks and the final answer and only then acknowledges the request to the broker.
+//! request channel is drained by that same poll, so awaiting it there can deadlock). Each
+//! request's [`Ticket`] is read by a task of its own that hands the events to the publisher
+//! task, which publishes chunks and the final answer and only then acknowledges the request to
+//! the broker. Every channel on the way is bounded: a stalled broker holds the answer back
+//! through the ticket, where the service's one backpressure policy applies.
 //! So a request in flight when the daemon dies is delivered again (QoS 1, a persistent
 //! session), and a redelivered one whose answer was already published is answered from the
 //! [`Journal`], not recomputed.
@@ -22,8 +24,7 @@
 use super::contract::{self, Limits, Origin, Topics};
 use super::journal::{self, Answer, Journal, Key};
 use super::link::{self, Ack, Incoming, Link, Message, Props, Version};
-use crate::service::worker::Sink;
-use crate::service::{Event, Handle};
+use crate::service::{Canceller, Event, Handle, Ticket};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use std::sync::{Arc, Mutex};
@@ -93,15 +94,40 @@ pub struct Shared {
     pub limits: watch::Receiver<Limits>,
 }
 
-/// Deliveries received and not yet answered, by key (a count: a client may send the same
-/// request twice on purpose). A broker that restarts resends the requests it has not seen
-/// acknowledged; one still in the queue here is not taken a second time.
+/// Requests received and not yet answered.
+///
+/// Their deliveries, by key (a count: a client may send the same request twice on purpose): a
+/// broker that restarts resends the requests it has not seen acknowledged; one still in the
+/// queue here is not taken a second time. And their cancellers, by request id, for the cancel
+/// topic.
 #[derive(Default)]
-struct InFlight(Mutex<std::collections::HashMap<Key, usize>>);
+struct InFlight {
+    deliveries: Mutex<std::collections::HashMap<Key, usize>>,
+    cancels: Mutex<Vec<(String, Canceller)>>,
+}
 
 impl InFlight {
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Key, usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.deliveries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn cancels(&self) -> std::sync::MutexGuard<'_, Vec<(String, Canceller)>> {
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Keeps `c` for the cancel topic; forgets the answered ones (so the list is bounded by
+    /// the requests in the service).
+    fn submitted(&self, id: &str, c: Canceller) {
+        let mut cs = self.cancels();
+        cs.retain(|(_, c)| !c.is_ended());
+        cs.push((id.to_owned(), c));
+    }
+    /// Cancels every request in flight with this id; how many there were.
+    fn cancel(&self, id: &str) -> usize {
+        let cs = self.cancels();
+        let mine: Vec<&Canceller> = cs.iter().filter(|(i, _)| i == id).map(|(_, c)| c).collect();
+        for c in &mine {
+            c.cancel();
+        }
+        mine.len()
     }
     fn add(&self, k: Key) {
         *self.lock().entry(k).or_default() += 1;
@@ -164,19 +190,14 @@ struct Ctx {
     session: u64,
 }
 
-/// The service's sink for one request: events go to the publisher task. Called on the worker
-/// thread, so it may block (the channel is bounded: a stalled broker slows the answer down
-/// instead of growing memory).
-struct ToPublisher {
-    ctx: Arc<Ctx>,
-    tx: mpsc::Sender<Out>,
-}
-
-impl Sink for ToPublisher {
-    fn send(&mut self, ev: Event) -> bool {
-        self.tx
-            .blocking_send(Out::Event(Arc::clone(&self.ctx), ev))
-            .is_ok()
+/// Reads one request's ticket into the publisher's channel, waiting while that is full (a
+/// stalled broker): the ticket then fills, and the worker waits for it as for any slow reader.
+async fn forward(mut t: Ticket, ctx: Arc<Ctx>, tx: mpsc::Sender<Out>) {
+    while let Some(ev) = t.recv().await {
+        if tx.send(Out::Event(Arc::clone(&ctx), ev)).await.is_err() {
+            // The client is stopping: dropping the ticket cancels the answer.
+            break;
+        }
     }
 }
 
@@ -390,15 +411,10 @@ fn on_publish(
     // A fleet cancel reaches every member; the one answering the request cancels it.
     if topic == s.topics.cancel || s.topics.fleet_cancel.as_deref() == Some(topic.as_str()) {
         match contract::parse_cancel(&p.payload) {
-            // Off this task: cancelling a waiting request answers it through its sink, which
-            // blocks (a blocking send on the runtime's own thread panics, and took the MQTT
-            // loop down with it).
+            // A ticket's cancel never waits: fine on this task.
             Ok(id) => {
-                let service = service.clone();
-                tokio::task::spawn_blocking(move || {
-                    let found = service.cancel(&id);
-                    tracing::info!(request = id, found, "cancel");
-                });
+                let found = inflight.cancel(&id);
+                tracing::info!(request = id, found, "cancel");
             }
             Err(e) => tracing::warn!("cancel refused: {e}"),
         }
@@ -491,12 +507,12 @@ fn on_publish(
         Ok(parsed) => {
             let id = parsed.request.id.clone();
             let c = ctx(&id, parsed.stream);
-            let sink = ToPublisher {
-                ctx: Arc::clone(&c),
-                tx: tx.clone(),
-            };
-            if let Err(e) = service.submit(parsed.request, Box::new(sink)) {
-                queue_reply(tx, Out::Reply(c, contract::error_json(Some(&id), &e)));
+            match service.submit(parsed.request) {
+                Ok(t) => {
+                    inflight.submitted(&id, t.canceller());
+                    tokio::spawn(forward(t, c, tx.clone()));
+                }
+                Err(e) => queue_reply(tx, Out::Reply(c, contract::error_json(Some(&id), &e))),
             }
         }
     }
