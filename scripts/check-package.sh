@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the packaging without installing it on this machine:
 #   1. builds the amd64 and arm64 .debs (scripts/build-deb.sh) and checks what is in them: the
-#      binary for the right CPU, the unit, the conffile, the maintainer scripts;
+#      binary for the right CPU and without test hooks, the unit, the conffile, the maintainer
+#      scripts;
 #   2. `systemd-analyze verify` of the unit as the package installs it, in a scratch root made
 #      of the package and this machine's own units: it must print nothing at all (an unknown
 #      key only prints, it does not fail);
@@ -36,6 +37,7 @@ for deb in "${debs[@]}"; do
     grep -q 'chmod 0640 "$conf"' "$scratch/control/postinst" || fail "$deb: the postinst does not make the configuration 0640"
     grep -q 'deb-systemd-helper enable edgellm.service' "$scratch/control/postinst" || fail "$deb: the postinst does not enable the unit"
     cmp -s "$scratch/root/usr/lib/systemd/system/edgellm.service" board/systemd/edgellm.service || fail "$deb: the unit differs from board/systemd/edgellm.service"
+    scripts/check-no-test-hooks.sh "$scratch/root/usr/bin/edgellm" >/dev/null || fail "$deb: the binary has test hooks"
     rm -rf "$scratch"
 done
 

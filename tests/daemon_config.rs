@@ -169,7 +169,7 @@ fn every_key_reaches_the_layer_that_uses_it() {
     let s = c.service_config();
     assert_eq!((s.queue_depth, s.max_prompt_bytes), (4, 4096));
     assert_eq!(s.per_source, 4, "per_source is clamped to queue_depth");
-    assert!(matches!(s.sessions, Sessions::Store(_)));
+    assert!(matches!(s.sessions, Sessions::Dir(_)));
     let l = c.limits();
     assert_eq!((l.max_payload, l.max_tokens), (1 << 20, 128));
     assert_eq!(l.timeout, Some(Duration::from_secs(30)));

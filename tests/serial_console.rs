@@ -61,7 +61,7 @@ fn the_console_on_a_pty_edits_answers_commands_and_cancels_with_ctrl_c() {
     p.send(b"status\r");
     let s = until(&mut p, "edgellm> ", T);
     assert!(
-        s.contains("state      online") && s.contains("this port"),
+        s.contains("state      online") && s.contains("port_checksum_errors"),
         "{s:?}"
     );
     p.send(b"log 5\r");

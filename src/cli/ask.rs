@@ -4,10 +4,11 @@ use super::CliResult;
 use super::load;
 use bytes::Bytes;
 use edgellm::daemon::{Broker, TlsConfig};
+use edgellm::mqtt::contract::{self, Reply, RequestBody, Topics};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -223,21 +224,17 @@ pub(super) fn nonce() -> u64 {
         ^ u64::from(std::process::id()) << 40
 }
 
-/// The request JSON for these arguments (`id` left out when `None`).
-fn request(a: &Args, id: Option<&str>, stream: bool) -> Value {
-    let mut req = json!({ "prompt": a.prompt, "stream": stream });
-    for (k, v) in [
-        ("id", id.map(Value::from)),
-        ("session", a.session.clone().map(Value::from)),
-        ("system", a.system.clone().map(Value::from)),
-        ("max_tokens", a.max_tokens.map(Value::from)),
-        ("temperature", a.temperature.map(Value::from)),
-    ] {
-        if let Some(v) = v {
-            req[k] = v;
-        }
+/// The request for these arguments (`id` left out when `None`): the daemon's own contract.
+fn request(a: &Args, id: Option<&str>, stream: bool) -> RequestBody {
+    RequestBody {
+        id: id.map(str::to_owned),
+        session: a.session.clone(),
+        system: a.system.clone(),
+        max_tokens: a.max_tokens,
+        temperature: a.temperature,
+        stream,
+        ..RequestBody::prompt(a.prompt.clone())
     }
-    req
 }
 
 /// The `state` of a retained status payload ("" when it cannot be read).
@@ -250,7 +247,8 @@ pub(super) fn status_state(payload: &[u8]) -> String {
 
 async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) -> CliResult {
     let id = format!("ask-{:x}", nonce());
-    let reply = format!("{}/{device}/response/{id}", a.prefix);
+    let topics = Topics::new(&a.prefix, &device, None).map_err(|e| e.to_string())?;
+    let reply = topics.response(&id);
     let mut opts = MqttOptions::new(&id, &host, port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
@@ -258,8 +256,11 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
     sec.apply(&mut opts);
     let (client, mut events) = AsyncClient::new(opts, 16);
     let req = request(&a, Some(&id), !a.json);
-    let request_topic = format!("{}/{device}/request", a.prefix);
-    let status_topic = format!("{}/{device}/status", a.prefix);
+    let Topics {
+        request: request_topic,
+        status: status_topic,
+        ..
+    } = topics;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.timeout);
     let mut out = std::io::stdout().lock();
     let mut subscribed = false;
@@ -311,38 +312,34 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
                 }
             }
             Event::Incoming(Packet::Publish(p)) => {
-                let v: Value = serde_json::from_slice(&p.payload)
-                    .map_err(|e| format!("the daemon's answer is not JSON: {e}"))?;
-                if v["id"] != json!(id) && !v["id"].is_null() {
+                let r = contract::parse_reply(&p.payload).map_err(|e| e.to_string())?;
+                if r.id().is_some_and(|i| i != id) {
                     continue;
                 }
-                if let Some(e) = v.get("error") {
-                    let _ = client.disconnect().await;
-                    return Err(format!(
-                        "{}: {}",
-                        e["code"].as_str().unwrap_or("error"),
-                        e["message"].as_str().unwrap_or("")
-                    )
-                    .into());
-                }
-                if v["done"] == json!(false) {
-                    if v["seq"] != json!(expect_seq) {
-                        return Err(
-                            format!("chunk {} arrived, {expect_seq} expected", v["seq"]).into()
-                        );
+                match r {
+                    Reply::Error { error, .. } => {
+                        let _ = client.disconnect().await;
+                        return Err(format!("{}: {}", error.code, error.message).into());
                     }
-                    expect_seq += 1;
-                    out.write_all(v["delta"].as_str().unwrap_or("").as_bytes())?;
-                    out.flush()?;
-                    continue;
-                }
-                if a.json {
-                    writeln!(out, "{v}")?;
-                } else if !a.json && expect_seq == 0 {
+                    Reply::Chunk(c) => {
+                        if c.seq != expect_seq {
+                            let seq = c.seq;
+                            return Err(
+                                format!("chunk {seq} arrived, {expect_seq} expected").into()
+                            );
+                        }
+                        expect_seq += 1;
+                        out.write_all(c.delta.as_bytes())?;
+                        out.flush()?;
+                        continue;
+                    }
+                    // The final message as the daemon sent it.
+                    Reply::Final(_) if a.json => {
+                        writeln!(out, "{}", String::from_utf8_lossy(&p.payload))?
+                    }
                     // The daemon sent no chunks (nothing streamed): the whole text now.
-                    writeln!(out, "{}", v["text"].as_str().unwrap_or(""))?;
-                } else {
-                    writeln!(out)?;
+                    Reply::Final(f) if expect_seq == 0 => writeln!(out, "{}", f.text)?,
+                    Reply::Final(_) => writeln!(out)?,
                 }
                 let _ = client.disconnect().await;
                 return Ok(());
@@ -365,7 +362,7 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
                     &request_topic,
                     QoS::AtLeastOnce,
                     false,
-                    req.to_string(),
+                    req.to_json(),
                     props,
                 )
                 .await?;

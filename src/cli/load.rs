@@ -14,6 +14,7 @@
 //! broker both ways, the daemon's parsing and publishing, and this client's own processing.
 
 use bytes::Bytes;
+use edgellm::mqtt::contract::{self, Final, Reply, RequestBody, Topics};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
@@ -40,7 +41,7 @@ pub struct Target {
 /// What to send, how often.
 pub struct Plan {
     /// The request without its id (set per request; `stream` is forced on).
-    pub template: Value,
+    pub template: RequestBody,
     pub repeat: usize,
     pub concurrency: usize,
     /// For each request, from its publish to its final message; also the wait for the device.
@@ -142,36 +143,27 @@ impl Tracker {
     /// that dropped it: the payload's id is used then). Messages of no request in flight (a
     /// late answer to one that timed out, a stranger's) are ignored.
     pub fn message(&mut self, key: Option<Bytes>, payload: &[u8], now: Instant) {
-        let v: Option<Value> = serde_json::from_slice(payload).ok();
+        let reply = contract::parse_reply(payload);
         let key = key.or_else(|| {
-            let id = v.as_ref()?.get("id")?.as_str()?;
+            let id = reply.as_ref().ok()?.id()?;
             Some(Bytes::copy_from_slice(id.as_bytes()))
         });
         let Some(key) = key else { return };
         let Some(f) = self.pending.get_mut(&key) else {
             return;
         };
-        let outcome = match v {
-            None => Outcome::Invalid("an answer is not JSON".into()),
-            Some(v) if v.get("error").is_some() => {
-                Outcome::Error(v["error"]["code"].as_str().unwrap_or("no code").to_owned())
+        let outcome = match reply {
+            Err(e) => Outcome::Invalid(e.to_string()),
+            Ok(Reply::Error { error, .. }) => Outcome::Error(error.code.as_str().to_owned()),
+            Ok(Reply::Chunk(c)) if c.seq != f.next_seq => {
+                Outcome::Invalid(format!("chunk {} arrived, {} expected", c.seq, f.next_seq))
             }
-            Some(v) if v["done"] == json!(false) => {
-                if v["seq"] != json!(f.next_seq) {
-                    Outcome::Invalid(format!(
-                        "chunk {} arrived, {} expected",
-                        v["seq"], f.next_seq
-                    ))
-                } else {
-                    f.next_seq += 1;
-                    f.first_chunk.get_or_insert(now);
-                    return;
-                }
+            Ok(Reply::Chunk(_)) => {
+                f.next_seq += 1;
+                f.first_chunk.get_or_insert(now);
+                return;
             }
-            Some(v) => match answer_of(&v, f, now) {
-                Ok(a) => Outcome::Answered(a),
-                Err(why) => Outcome::Invalid(why),
-            },
+            Ok(Reply::Final(a)) => Outcome::Answered(answer_of(&a, f, now)),
         };
         self.pending.remove(&key);
         self.outcomes.push(outcome);
@@ -179,23 +171,16 @@ impl Tracker {
 }
 
 /// The figures of a final message.
-fn answer_of(v: &Value, f: &InFlight, now: Instant) -> Result<Answer, String> {
-    let num = |x: &Value, what: &str| {
-        x.as_f64()
-            .ok_or_else(|| format!("the final message has no number {what}: {v}"))
-    };
-    let t = &v["timings"];
+fn answer_of(a: &Final, f: &InFlight, now: Instant) -> Answer {
     let first = f.first_chunk.unwrap_or(now);
-    Ok(Answer {
+    Answer {
         client_ttfc_ms: ms(first.saturating_duration_since(f.sent)),
-        queue_ms: num(&t["queue_ms"], "timings.queue_ms")?,
-        ttft_ms: num(&t["ttft_ms"], "timings.ttft_ms")?,
-        decode_tps: num(&t["decode_tps"], "timings.decode_tps")?,
-        completion_tokens: v["usage"]["completion_tokens"]
-            .as_u64()
-            .ok_or_else(|| format!("the final message has no usage.completion_tokens: {v}"))?,
-        finish_reason: v["finish_reason"].as_str().unwrap_or("?").to_owned(),
-    })
+        queue_ms: a.timings.queue_ms,
+        ttft_ms: a.timings.ttft_ms,
+        decode_tps: a.timings.decode_tps,
+        completion_tokens: a.usage.completion_tokens as u64,
+        finish_reason: a.finish_reason.clone(),
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -410,9 +395,13 @@ impl fmt::Display for Summary {
 /// flight until `plan.repeat` have finished, prints the summary.
 pub async fn run(t: Target, plan: Plan) -> super::CliResult {
     let run_id = format!("load-{:x}", super::ask::nonce());
-    let reply = format!("{}/{}/response/{run_id}", t.prefix, t.device);
-    let request_topic = format!("{}/{}/request", t.prefix, t.device);
-    let status_topic = format!("{}/{}/status", t.prefix, t.device);
+    let topics = Topics::new(&t.prefix, &t.device, None).map_err(|e| e.to_string())?;
+    let reply = topics.response(&run_id);
+    let Topics {
+        request: request_topic,
+        status: status_topic,
+        ..
+    } = topics;
     let mut opts = MqttOptions::new(&run_id, &t.host, t.port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
@@ -438,9 +427,11 @@ pub async fn run(t: Target, plan: Plan) -> super::CliResult {
         tracker.expire(Instant::now());
         while sent < plan.repeat && tracker.in_flight() < plan.concurrency {
             let id = format!("{run_id}-{sent}");
-            let mut req = plan.template.clone();
-            req["id"] = json!(id);
-            req["stream"] = json!(true);
+            let req = RequestBody {
+                id: Some(id.clone()),
+                stream: true,
+                ..plan.template.clone()
+            };
             let key = Bytes::from(id.into_bytes());
             let props = PublishProperties {
                 response_topic: Some(reply.clone()),
@@ -452,7 +443,7 @@ pub async fn run(t: Target, plan: Plan) -> super::CliResult {
                 &request_topic,
                 QoS::AtLeastOnce,
                 false,
-                req.to_string(),
+                req.to_json(),
                 props,
             )?;
             tracker.sent(key, Instant::now());

@@ -180,7 +180,7 @@ pub fn run(a: Args) -> CliResult {
     let n_ctx = loaded.engine.config().n_ctx;
     let sessions = match (&a.session_file, &a.state_dir) {
         (Some(f), _) => Sessions::File(f.clone()),
-        (None, Some(dir)) => Sessions::Store(StoreConfig {
+        (None, Some(dir)) => Sessions::Dir(StoreConfig {
             dir: dir.clone(),
             // One resident session: a run answers one request.
             ram_bytes: 0,
@@ -195,23 +195,19 @@ pub fn run(a: Args) -> CliResult {
         max_prompt_bytes: MAX_PROMPT_BYTES as usize,
         sessions,
         chat_template: a.chat_template.clone(),
-        test_stall: None,
+        ..ServiceConfig::default()
     };
     let service = Service::start(loaded.engine, cfg).map_err(|e| e.to_string())?;
-    let (tx, rx) = std::sync::mpsc::sync_channel(64);
-    service
-        .handle()
-        .submit(req, Box::new(tx))
-        .map_err(|e| e.to_string())?;
+    let mut ticket = service.handle().submit(req).map_err(|e| e.to_string())?;
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut done = None;
-    for ev in rx {
+    while let Some(ev) = ticket.blocking_recv() {
         match ev {
             Event::Text(chunk) if !a.json => {
                 if let Err(e) = out.write_all(chunk.as_bytes()).and_then(|_| out.flush()) {
-                    // A closed pipe (e.g. `| head`): dropping the receiver stops generation
+                    // A closed pipe (e.g. `| head`): dropping the ticket stops generation
                     // instead of wasting the CPU.
                     if e.kind() == std::io::ErrorKind::BrokenPipe {
                         return Ok(());

@@ -427,9 +427,9 @@ impl Config {
             queue_depth: l.queue_depth,
             per_source: l.per_source.min(l.queue_depth),
             max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
-            sessions: self.store_config().map_or(Sessions::None, Sessions::Store),
+            sessions: self.store_config().map_or(Sessions::None, Sessions::Dir),
             chat_template: self.model.chat_template.clone(),
-            test_stall: None,
+            ..ServiceConfig::default()
         }
     }
 

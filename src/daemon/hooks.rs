@@ -1,6 +1,9 @@
 //! Test hooks, from `EDGELLM_TEST_HOOK`: the daemon tests reproduce a hung engine and a crash
-//! at an exact point with them, on the real binary. Never set in production: a daemon that
-//! finds it set says so loudly in its log.
+//! at an exact point with them, on the real binary. Compiled only with the `test-hooks`
+//! feature, which `cargo test` turns on (Cargo.toml's dev-dependency on this crate) and release
+//! builds, the .deb and the Yocto recipe do not: firmware cannot be made to stall or kill
+//! itself by its environment (scripts/check-no-test-hooks.sh checks the packaged binary). A
+//! test build that finds the variable set says so loudly in its log.
 //!
 //! `EDGELLM_TEST_HOOK=stall_ms=N` pauses every answer N ms before it starts (the worker makes
 //! no progress meanwhile); `kill_after_journal=ID` sends the daemon SIGKILL right after the

@@ -9,6 +9,7 @@ mod broker;
 pub mod config;
 #[cfg(feature = "embedded-broker")]
 mod embedded;
+#[cfg(feature = "test-hooks")]
 mod hooks;
 mod modbus;
 pub mod notify;

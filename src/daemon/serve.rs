@@ -95,6 +95,7 @@ fn audit_opener(
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
 pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonError> {
     let started = Instant::now();
+    #[cfg(feature = "test-hooks")]
     let hooks = super::hooks::TestHooks::from_env();
     let notifier = Arc::new(Notifier::from_env());
     notifier.status("loading the model");
@@ -136,6 +137,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
     let service = Service::start_recorded(
         engine,
         crate::service::ServiceConfig {
+            #[cfg(feature = "test-hooks")]
             test_stall: hooks.stall,
             ..cfg.service_config()
         },
@@ -219,7 +221,10 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         let trouble = Arc::new(std::sync::Mutex::new(None::<String>));
         let mut subscribed = None;
         if let Some(mut s) = settings(&cfg)? {
-            s.test_kill_after_journal = hooks.kill_after_journal.clone();
+            #[cfg(feature = "test-hooks")]
+            {
+                s.test_kill_after_journal = hooks.kill_after_journal.clone();
+            }
             s.on_link = Some(link_status(
                 Arc::clone(&notifier),
                 serving.clone(),
@@ -384,6 +389,7 @@ pub(super) fn settings(cfg: &Config) -> Result<Option<Settings>, DaemonError> {
         role: Role::Device,
         version,
         on_link: None,
+        #[cfg(feature = "test-hooks")]
         test_kill_after_journal: None,
     }))
 }

@@ -2,7 +2,7 @@
 //! chunks, then sample and decode one token at a time.
 
 use super::{Engine, EngineError, Sampler, Session};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// What to generate.
@@ -14,18 +14,36 @@ pub struct GenParams {
     pub top_logits: usize,
 }
 
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Why an answer ended: the one vocabulary of the engine, the service and every front end
+/// (MQTT's `finish_reason`, the serial `END`, the audit trail), so nothing maps it by hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
-    /// An end-of-generation token was produced (it is the last generated id).
+    /// The model ended its answer (an end-of-generation token, the last generated id).
     Eog,
-    /// `max_tokens` reached.
+    /// The request's `max_tokens` was reached.
     Length,
     /// The context is full.
     ContextFull,
-    /// The caller's callback asked to stop.
+    /// The caller stopped it: cancelled, or nobody listens any more. The generate loop says
+    /// this whenever its `on_token` callback returns `false`.
     Cancelled,
+    /// The request's deadline passed. The generate loop never says it (it knows no deadline):
+    /// the service, whose callback stopped the loop for that reason, does.
+    Timeout,
+}
+
+impl FinishReason {
+    /// Its name as the serial line, the console and the audit trail show it (serde's too).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eog => "eog",
+            FinishReason::Length => "length",
+            FinishReason::ContextFull => "context_full",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Timeout => "timeout",
+        }
+    }
 }
 
 /// Timings of one request, in milliseconds.
@@ -166,4 +184,19 @@ impl Engine {
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FinishReason;
+
+    #[test]
+    fn a_finish_reason_has_one_name_on_every_front_end_and_in_json() {
+        use FinishReason::*;
+        for r in [Eog, Length, ContextFull, Cancelled, Timeout] {
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{}\"", r.as_str()));
+            assert_eq!(serde_json::from_str::<FinishReason>(&json).unwrap(), r);
+        }
+    }
 }

@@ -12,7 +12,8 @@ pub use super::elem::KvType;
 use super::elem::{HeadRuns, le_bytes, set_from_le};
 use kernels_neon::{Kernels, f16, hint};
 
-enum Store {
+/// The cache's K and V elements, in the type the configuration chose.
+enum KvBuffers {
     F16 { k: Vec<f16>, v: Vec<f16> },
     F32 { k: Vec<f32>, v: Vec<f32> },
 }
@@ -80,7 +81,7 @@ pub struct KvCache {
     base: usize,
     /// Element offset of each layer's run, and the total.
     offsets: Vec<usize>,
-    store: Store,
+    buffers: KvBuffers,
 }
 
 impl KvCache {
@@ -118,12 +119,12 @@ impl KvCache {
         offsets.push(n);
         // Zeroed allocations (calloc): the kernel backs pages on first write, so a cache sized
         // for a long context costs RAM only for the positions a conversation reaches.
-        let store = match ty {
-            KvType::F16 => Store::F16 {
+        let buffers = match ty {
+            KvType::F16 => KvBuffers::F16 {
                 k: bytemuck::allocation::zeroed_vec(n),
                 v: bytemuck::allocation::zeroed_vec(n),
             },
-            KvType::F32 => Store::F32 {
+            KvType::F32 => KvBuffers::F32 {
                 k: vec![0.0; n],
                 v: vec![0.0; n],
             },
@@ -138,7 +139,7 @@ impl KvCache {
             keep,
             base: 0,
             offsets,
-            store,
+            buffers,
         }
     }
 
@@ -172,9 +173,9 @@ impl KvCache {
         self.n_head_kv * self.head_dim
     }
     pub fn ty(&self) -> KvType {
-        match self.store {
-            Store::F16 { .. } => KvType::F16,
-            Store::F32 { .. } => KvType::F32,
+        match self.buffers {
+            KvBuffers::F16 { .. } => KvType::F16,
+            KvBuffers::F32 { .. } => KvType::F32,
         }
     }
     pub fn window(&self) -> Option<Window> {
@@ -257,12 +258,12 @@ impl KvCache {
             for g in 0..self.n_head_kv {
                 let a = self.offsets[l] + g * self.ring * self.head_dim;
                 let src = a + from * self.head_dim..a + from * self.head_dim + len;
-                match &mut self.store {
-                    Store::F16 { k, v } => {
+                match &mut self.buffers {
+                    KvBuffers::F16 { k, v } => {
                         k.copy_within(src.clone(), a);
                         v.copy_within(src, a);
                     }
-                    Store::F32 { k, v } => {
+                    KvBuffers::F32 { k, v } => {
                         k.copy_within(src.clone(), a);
                         v.copy_within(src, a);
                     }
@@ -306,15 +307,15 @@ impl KvCache {
         out.reserve(self.rows_bytes(range.len(), window_rows));
         for l in 0..self.n_layer {
             let r = self.held(l, &range);
-            match &self.store {
-                Store::F16 { k, v } => {
+            match &self.buffers {
+                KvBuffers::F16 { k, v } => {
                     for x in [k, v] {
                         for (_, h) in self.head_runs(l, r.start, r.len()) {
                             out.extend_from_slice(&le_bytes(&x[h]));
                         }
                     }
                 }
-                Store::F32 { k, v } => {
+                KvBuffers::F32 { k, v } => {
                     for x in [k, v] {
                         for (_, h) in self.head_runs(l, r.start, r.len()) {
                             out.extend_from_slice(&le_bytes(&x[h]));
@@ -374,15 +375,15 @@ impl KvCache {
             let vb = &bytes[at + len + skipped * row..at + 2 * len];
             at += 2 * len;
             let runs = self.head_runs(l, p0, rows);
-            match &mut self.store {
-                Store::F16 { k, v } => {
+            match &mut self.buffers {
+                KvBuffers::F16 { k, v } => {
                     for (x, b) in [(k, kb), (v, vb)] {
                         for (o, r) in runs.clone() {
                             set_from_le(&mut x[r.clone()], &b[o * eb..(o + r.len()) * eb]);
                         }
                     }
                 }
-                Store::F32 { k, v } => {
+                KvBuffers::F32 { k, v } => {
                     for (x, b) in [(k, kb), (v, vb)] {
                         for (o, r) in runs.clone() {
                             set_from_le(&mut x[r.clone()], &b[o * eb..(o + r.len()) * eb]);
@@ -428,12 +429,12 @@ impl KvCache {
             }
             for g in 0..self.n_head_kv {
                 let (d, s) = (self.at(l, g, r.start), src.at(l, g, r.start));
-                match (&mut self.store, &src.store) {
-                    (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
+                match (&mut self.buffers, &src.buffers) {
+                    (KvBuffers::F16 { k, v }, KvBuffers::F16 { k: sk, v: sv }) => {
                         k[d..d + len].copy_from_slice(&sk[s..s + len]);
                         v[d..d + len].copy_from_slice(&sv[s..s + len]);
                     }
-                    (Store::F32 { k, v }, Store::F32 { k: sk, v: sv }) => {
+                    (KvBuffers::F32 { k, v }, KvBuffers::F32 { k: sk, v: sv }) => {
                         k[d..d + len].copy_from_slice(&sk[s..s + len]);
                         v[d..d + len].copy_from_slice(&sv[s..s + len]);
                     }
@@ -450,12 +451,12 @@ impl KvCache {
         for g in 0..self.n_head_kv {
             let a = self.at(l, g, pos);
             let (kh, vh) = (&key[g * hd..(g + 1) * hd], &value[g * hd..(g + 1) * hd]);
-            match &mut self.store {
-                Store::F16 { k: kc, v: vc } => {
+            match &mut self.buffers {
+                KvBuffers::F16 { k: kc, v: vc } => {
                     (k.f32_to_f16_row)(kh, &mut kc[a..a + hd]);
                     (k.f32_to_f16_row)(vh, &mut vc[a..a + hd]);
                 }
-                Store::F32 { k: kc, v: vc } => {
+                KvBuffers::F32 { k: kc, v: vc } => {
                     kc[a..a + hd].copy_from_slice(kh);
                     vc[a..a + hd].copy_from_slice(vh);
                 }
@@ -470,14 +471,14 @@ impl KvCache {
     /// these scattered starts overlaps that product's streaming.
     pub fn prefetch(&self, l: usize, pos: usize, max_bytes: usize) {
         for (run, own) in self.prefetch_runs(l, pos) {
-            match &self.store {
-                Store::F16 { k, v } => {
+            match &self.buffers {
+                KvBuffers::F16 { k, v } => {
                     for x in [k, v] {
                         hint::prefetch(&x[run.clone()], max_bytes);
                         hint::prefetch(&x[own.clone()], usize::MAX);
                     }
                 }
-                Store::F32 { k, v } => {
+                KvBuffers::F32 { k, v } => {
                     for x in [k, v] {
                         hint::prefetch(&x[run.clone()], max_bytes);
                         hint::prefetch(&x[own.clone()], usize::MAX);
@@ -528,9 +529,9 @@ impl KvCache {
         let n = out.len() / heads.max(1);
         let a = self.at(l, g, first);
         let r = a..a + n * hd;
-        match &self.store {
-            Store::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, heads, scale, out),
-            Store::F32 { k: kc, .. } => {
+        match &self.buffers {
+            KvBuffers::F16 { k: kc, .. } => (k.scores_f16)(&kc[r], hd, q, heads, scale, out),
+            KvBuffers::F32 { k: kc, .. } => {
                 for (qh, oh) in q.chunks_exact(hd).zip(out.chunks_exact_mut(n.max(1))) {
                     for (s, row) in oh.iter_mut().zip(kc[r.clone()].chunks_exact(hd)) {
                         *s = (k.dot_f32)(row, qh) * scale;
@@ -556,9 +557,9 @@ impl KvCache {
         let n = p.len() / heads.max(1);
         let a = self.at(l, g, first);
         let r = a..a + n * hd;
-        match &self.store {
-            Store::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, heads, out),
-            Store::F32 { v: vc, .. } => {
+        match &self.buffers {
+            KvBuffers::F16 { v: vc, .. } => (k.mix_f16)(&vc[r], hd, p, heads, out),
+            KvBuffers::F32 { v: vc, .. } => {
                 for (ph, oh) in p.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(hd)) {
                     for (&w, row) in ph.iter().zip(vc[r.clone()].chunks_exact(hd)) {
                         (k.axpy_f32)(oh, w, row);

@@ -35,12 +35,12 @@ fn prefetch_hints_the_rows_attention_reads_and_nothing_else() {
     for ty in [KvType::F32, KvType::F16] {
         let n_ctx = 7;
         let c = filled(ty, n_ctx, n_ctx);
-        let (k, v): (Vec<f32>, Vec<f32>) = match &c.store {
-            Store::F16 { k, v } => (
+        let (k, v): (Vec<f32>, Vec<f32>) = match &c.buffers {
+            KvBuffers::F16 { k, v } => (
                 k.iter().map(|x| x.to_f32()).collect(),
                 v.iter().map(|x| x.to_f32()).collect(),
             ),
-            Store::F32 { k, v } => (k.clone(), v.clone()),
+            KvBuffers::F32 { k, v } => (k.clone(), v.clone()),
         };
         for l in 0..L + 2 {
             for pos in 0..n_ctx + 2 {
@@ -183,14 +183,14 @@ const W: Window = Window {
     pattern: 3,
 };
 
-/// The element run of head `g`, layer `l`, position `pos`, read from the store.
+/// The element run of head `g`, layer `l`, position `pos`, read from the buffers.
 fn row(c: &KvCache, kv: usize, l: usize, g: usize, pos: usize) -> Vec<f32> {
     let a = c.at(l, g, pos);
-    match (&c.store, kv) {
-        (Store::F32 { k, .. }, 0) => k[a..a + HD].to_vec(),
-        (Store::F32 { v, .. }, _) => v[a..a + HD].to_vec(),
-        (Store::F16 { k, .. }, 0) => k[a..a + HD].iter().map(|x| x.to_f32()).collect(),
-        (Store::F16 { v, .. }, _) => v[a..a + HD].iter().map(|x| x.to_f32()).collect(),
+    match (&c.buffers, kv) {
+        (KvBuffers::F32 { k, .. }, 0) => k[a..a + HD].to_vec(),
+        (KvBuffers::F32 { v, .. }, _) => v[a..a + HD].to_vec(),
+        (KvBuffers::F16 { k, .. }, 0) => k[a..a + HD].iter().map(|x| x.to_f32()).collect(),
+        (KvBuffers::F16 { v, .. }, _) => v[a..a + HD].iter().map(|x| x.to_f32()).collect(),
     }
 }
 
@@ -374,7 +374,7 @@ fn prefetch_on_a_ring_hints_the_window() {
     for p in 0..20 {
         feed(&mut c, p, 1);
     }
-    let Store::F32 { k, .. } = &c.store else {
+    let KvBuffers::F32 { k, .. } = &c.buffers else {
         unreachable!()
     };
     for l in 0..3 {

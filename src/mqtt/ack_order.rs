@@ -4,7 +4,8 @@
 //! behind it is done with. Acking that cancel at once broke the rule: Mosquitto lets it pass,
 //! the embedded broker (rumqttd) closes the connection, delivers both again, and the client
 //! saw its final answer twice. Each message takes a slot when it arrives; an ack that is ready
-//! waits for every slot before it. Pure: the client sends what [`AckOrder::ready`] returns.
+//! waits for every slot before it. Pure: [`super::core`] acknowledges what [`AckOrder::ready`]
+//! returns.
 
 use std::collections::VecDeque;
 

@@ -1,12 +1,16 @@
-//! The MQTT client loop (rumqttc, MQTT 5): a thin tokio wrapper around [`super::contract`].
+//! The MQTT client loop (rumqttc, MQTT 5): a thin tokio wrapper around [`super::core`], which
+//! holds every delivery rule (duplicates, epochs, sequence numbers, ack after publish). This
+//! file only polls, feeds the core and executes the actions it returns.
 //!
 //! One task polls the connection and does nothing else: it never awaits a publish (rumqttc's
-//! request channel is drained by that same poll, so awaiting it there can deadlock). Requests
-//! go to the service with a [`Sink`] that hands each event to the publisher task, which
-//! publishes chunks and the final answer and only then acknowledges the request to the broker.
-//! So a request in flight when the daemon dies is delivered again (QoS 1, a persistent
-//! session), and a redelivered one whose answer was already published is answered from the
-//! [`Journal`], not recomputed.
+//! request channel is drained by that same poll, so awaiting it there can deadlock); it
+//! subscribes, submits requests and cancels them. Each request's [`Ticket`] is read by a task
+//! of its own that hands the events to the publisher task, which publishes what the core makes
+//! of them: chunks, and final messages journaled, published and only then acknowledged. Every
+//! channel on the way is bounded: a stalled broker holds the answer back through the ticket,
+//! where the service's one backpressure policy applies. So a request in flight when the
+//! daemon dies is delivered again (QoS 1, a persistent session), and a redelivered one whose
+//! answer was already published is answered from the [`Journal`], not recomputed.
 //!
 //! A device in a fleet runs this loop twice: once for its own topics ([`Role::Device`], a
 //! persistent session, the status and the will) and once for the fleet's shared topic
@@ -19,15 +23,15 @@
 //! without a session present; the retained offline status published by us before a graceful
 //! disconnect (a clean disconnect suppresses the will).
 
-use super::ack_order::{AckOrder, Slot};
-use super::contract::{self, Limits, Origin, Topics};
-use super::journal::{self, Answer, Journal, Key};
-use super::link::{self, Ack, Incoming, Link, Message, Props, Version};
-use crate::service::worker::Sink;
-use crate::service::{Event, Handle};
-use bytes::Bytes;
+use super::contract::{Limits, Topics};
+pub use super::core::Role;
+use super::core::{self, Action, Core, Delivery};
+use super::journal::{Answer, Journal, Key};
+use super::link::{self, Ack, Incoming, Link, Message, Version};
+use crate::service::{Canceller, Event, Handle, Ticket};
 use rumqttc::v5::mqttbytes::QoS;
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -53,20 +57,10 @@ pub struct Settings {
     /// Told of the connection: `None` once connected, `Some(why)` when an attempt failed
     /// (one line for a person, with the delay before the next attempt).
     pub on_link: Option<OnLink>,
-    /// Tests only: SIGKILL right after the answer to this request id is journaled.
+    /// Tests only (the `test-hooks` feature): SIGKILL right after the answer to this request id
+    /// is journaled.
+    #[cfg(feature = "test-hooks")]
     pub test_kill_after_journal: Option<String>,
-}
-
-/// Which of a device's connections this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// The device's own request and cancel topics, on a persistent session (requests wait at
-    /// the broker while the daemon is away), with the retained status and the last will.
-    Device,
-    /// The fleet's shared request topic and its cancel topic, on a second connection with a
-    /// clean session: the broker keeps nothing for a member that is away, so it gives the
-    /// group's requests to the members that are connected.
-    Fleet,
 }
 
 /// See [`Settings::reread_password`].
@@ -92,101 +86,116 @@ pub struct Shared {
     pub limits: watch::Receiver<Limits>,
 }
 
-/// Deliveries received and not yet answered, by key (a count: a client may send the same
-/// request twice on purpose). A broker that restarts resends the requests it has not seen
-/// acknowledged; one still in the queue here is not taken a second time.
-#[derive(Default)]
-struct InFlight(Mutex<std::collections::HashMap<Key, usize>>);
-
-impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Key, usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    fn add(&self, k: Key) {
-        *self.lock().entry(k).or_default() += 1;
-    }
-    fn contains(&self, k: &Key) -> bool {
-        self.lock().contains_key(k)
-    }
-    fn done(&self, k: &Key) {
-        let mut m = self.lock();
-        if let Some(n) = m.get_mut(k) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(k);
-            }
-        }
-    }
-}
-
-/// Which broker session a delivery came in. A packet id means something only within the
-/// session the broker gave it in: once the broker has forgotten that session (it restarted
-/// without persistence, or this is the fleet's clean session reconnecting), an answer that was
-/// still being computed must not acknowledge its old id on the new connection, where the
-/// broker may have reused it for another request already: that one would then count as
-/// answered, and be lost if the daemon died before answering it.
-#[derive(Default)]
-struct SessionCount(std::sync::atomic::AtomicU64);
-
-impl SessionCount {
-    fn now(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-    /// A ConnAck without a session: the ids of every earlier delivery are void.
-    fn renew(&self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// What the publisher task is asked to do.
-enum Out {
-    /// An event of the request `ctx` answers.
-    Event(Arc<Ctx>, Event),
-    /// An answer made here (a refused request): publish it, then acknowledge `ack`.
-    Reply(Arc<Ctx>, Vec<u8>),
-}
-
-/// The reply address of one request, and the publish to acknowledge when it is answered.
-struct Ctx {
-    id: String,
-    topic: String,
-    correlation: Option<Bytes>,
-    /// The request named a response topic (an MQTT 5 client): the answer carries properties.
-    /// Without one it carries none, so that a 3.1.1 subscriber can take it (rumqttd panics
-    /// forwarding properties to a 3.1.1 client).
-    properties: bool,
-    stream: bool,
-    /// The delivery, for the journal.
-    key: Key,
-    /// The delivery's acknowledgement and its place among the connection's ([`AckOrder`]).
-    ack: Option<(Ack, Slot)>,
-    /// The [`SessionCount`] the delivery came in: its `ack` is void in any other.
-    session: u64,
-}
-
-/// The service's sink for one request: events go to the publisher task. Called on the worker
-/// thread, so it may block (the channel is bounded: a stalled broker slows the answer down
-/// instead of growing memory).
-struct ToPublisher {
-    ctx: Arc<Ctx>,
-    tx: mpsc::Sender<Out>,
-}
-
-impl Sink for ToPublisher {
-    fn send(&mut self, ev: Event) -> bool {
-        self.tx
-            .blocking_send(Out::Event(Arc::clone(&self.ctx), ev))
-            .is_ok()
-    }
-}
-
 /// The retained status a device leaves when it goes: called for the will when the client
 /// connects, and again when it stops, so the status it leaves has its last counters and uptime.
 pub type Offline = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 
-/// Runs the client until `stop` turns true: connects (again and again, with backoff),
-/// subscribes, feeds requests to `service`, publishes answers and the status. Before it
-/// returns it publishes `offline()` (retained) and disconnects.
+/// The delivery rules of one connection, shared by the loop that polls and the task that
+/// publishes (a `std` mutex: each call is a pure step, never held across an await).
+type SharedCore = Arc<Mutex<Core<Ack>>>;
+
+fn lock(c: &SharedCore) -> MutexGuard<'_, Core<Ack>> {
+    // A step that panicked left the maps consistent (each mutation is one call): keep serving.
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the publisher task is asked to do.
+enum Out {
+    /// An event of the request of this token.
+    Event(u64, Event),
+    /// Publishes, acknowledgements and final messages the core asked for, in this order.
+    Do(Vec<Action<Ack>>),
+}
+
+/// What the core reads: the journal, fresh ids, the limits now, the clock.
+struct CoreEnv<'a>(&'a Shared);
+
+impl core::Env for CoreEnv<'_> {
+    fn stored(&self, key: &Key) -> Option<Answer> {
+        let j = self.0.journal.lock().unwrap_or_else(|e| e.into_inner());
+        j.get(key).cloned()
+    }
+    fn fresh_id(&mut self) -> String {
+        (self.0.ids)()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits.borrow().clone()
+    }
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+fn delivery(m: Message) -> Delivery<Ack> {
+    Delivery {
+        topic: m.topic,
+        payload: m.payload,
+        dup: m.dup,
+        response_topic: m.response_topic,
+        correlation: m.correlation,
+        ack: m.ack,
+    }
+}
+
+/// Reads one request's ticket into the publisher's channel, waiting while that is full (a
+/// stalled broker): the ticket then fills, and the worker waits for it as for any slow reader.
+async fn forward(mut t: Ticket, token: u64, tx: mpsc::Sender<Out>) {
+    while let Some(ev) = t.recv().await {
+        if tx.send(Out::Event(token, ev)).await.is_err() {
+            // The client is stopping: dropping the ticket cancels the answer.
+            break;
+        }
+    }
+}
+
+/// What the polling loop executes of the core's actions itself (subscribe, submit, cancel);
+/// the rest goes to the publisher.
+struct Executor<'a> {
+    client: &'a Link,
+    service: &'a Handle,
+    core: &'a SharedCore,
+    tx: &'a mpsc::Sender<Out>,
+    qos: QoS,
+    /// The requests in the service, by token: their cancellers.
+    cancels: HashMap<u64, Canceller>,
+}
+
+impl Executor<'_> {
+    /// Executes `actions`; returns whether one of them was [`Action::Ready`].
+    fn run(&mut self, actions: Vec<Action<Ack>>) -> bool {
+        let (mut ready, mut out) = (false, Vec::new());
+        for a in actions {
+            match a {
+                Action::Subscribe(topics) => {
+                    if self.client.try_subscribe(&topics, self.qos).is_err() {
+                        tracing::error!(?topics, "cannot subscribe: the client has stopped");
+                    }
+                }
+                Action::Ready => ready = true,
+                Action::Submit(token, req) => match self.service.submit(*req) {
+                    Ok(t) => {
+                        // Forget the answered ones: the map is bounded by the service's queue.
+                        self.cancels.retain(|_, c| !c.is_ended());
+                        self.cancels.insert(token, t.canceller());
+                        tokio::spawn(forward(t, token, self.tx.clone()));
+                    }
+                    Err(e) => out.extend(lock(self.core).on_refused(token, &e)),
+                },
+                Action::Cancel(token) => {
+                    if let Some(c) = self.cancels.get(&token) {
+                        c.cancel();
+                    }
+                }
+                a @ (Action::Publish(_) | Action::Ack(_) | Action::Final { .. }) => out.push(a),
+            }
+        }
+        if !out.is_empty() {
+            queue_out(self.tx, Out::Do(out));
+        }
+        ready
+    }
+}
+
 pub async fn run(
     s: Settings,
     shared: Shared,
@@ -220,19 +229,26 @@ pub async fn run(
         tls: s.tls.clone(),
     });
     let (tx, rx) = mpsc::channel::<Out>(256);
-    let inflight = Arc::new(InFlight::default());
-    let sessions = Arc::new(SessionCount::default());
-    let acks = Arc::new(Mutex::new(AckOrder::default()));
-    let publisher = tokio::spawn(publish_answers(
-        client.clone(),
-        rx,
-        Arc::clone(&shared.journal),
-        s.qos,
-        Arc::clone(&inflight),
-        Arc::clone(&sessions),
-        Arc::clone(&acks),
-        s.test_kill_after_journal.clone(),
-    ));
+    let core: SharedCore = Arc::new(Mutex::new(Core::new(s.topics.clone(), s.role)));
+    let publisher = tokio::spawn(
+        Publisher {
+            client: client.clone(),
+            journal: Arc::clone(&shared.journal),
+            qos: s.qos,
+            core: Arc::clone(&core),
+            #[cfg(feature = "test-hooks")]
+            kill_after_journal: s.test_kill_after_journal.clone(),
+        }
+        .run(rx),
+    );
+    let mut exec = Executor {
+        client: &client,
+        service: &shared.service,
+        core: &core,
+        tx: &tx,
+        qos: s.qos,
+        cancels: HashMap::new(),
+    };
     // The status goes out once requests can arrive (a client that sees "online" may ask at
     // once), again after every reconnection (a broker restarted without persistence lost the
     // retained one), and whenever it changes.
@@ -279,24 +295,20 @@ pub async fn run(
                     f(None);
                 }
                 tracing::info!(broker = %format!("{}:{}", s.host, s.port), role = ?s.role, version = ?s.version, session_present, "MQTT connected");
-                if session_present {
+                let actions = lock(&core).on_connack(session_present);
+                if exec.run(actions) {
                     connected(&mut ready);
-                } else {
-                    sessions.renew();
-                    subscribe(&client, &s.topics, s.role, s.qos);
                 }
             }
-            // Our only SUBSCRIBE of a connection: every topic is in place.
-            Ok(Incoming::SubAck) => connected(&mut ready),
+            Ok(Incoming::SubAck) => {
+                let actions = lock(&core).on_suback();
+                if exec.run(actions) {
+                    connected(&mut ready);
+                }
+            }
             Ok(Incoming::Publish(p)) => {
-                let deliver = Delivery {
-                    client: &client,
-                    tx: &tx,
-                    inflight: &inflight,
-                    acks: &acks,
-                    session: sessions.now(),
-                };
-                on_publish(&s, &shared, &deliver, *p);
+                let actions = lock(&core).on_publish(delivery(*p), &mut CoreEnv(&shared));
+                exec.run(actions);
             }
             Ok(_) => {}
             Err(e) => {
@@ -332,6 +344,7 @@ pub async fn run(
     // connection meanwhile (its publishes go through the poll), within a bound; a request
     // whose acknowledgement did not go out is delivered again at the next start.
     status_task.abort();
+    drop(exec);
     drop(tx);
     let mut publisher = publisher;
     let flush = tokio::time::sleep(Duration::from_secs(3));
@@ -365,186 +378,119 @@ pub async fn run(
 }
 
 /// Subscribes to every topic of the role in one SUBSCRIBE, so one SUBACK says all of them are
-/// in place.
-fn subscribe(client: &Link, t: &Topics, role: Role, qos: QoS) {
-    let topics = match role {
-        Role::Device => vec![t.request.clone(), t.cancel.clone()],
-        Role::Fleet => t
-            .fleet_request
-            .iter()
-            .chain(&t.fleet_cancel)
-            .cloned()
-            .collect(),
-    };
-    if client.try_subscribe(&topics, qos).is_err() {
-        tracing::error!(?topics, "cannot subscribe: the client has stopped");
-    }
+/// Executes what the core makes of the events: chunks are published; a final message is
+/// journaled (synced), published, and then its request acknowledged if the core says so.
+struct Publisher {
+    client: Link,
+    journal: SharedJournal,
+    qos: QoS,
+    core: SharedCore,
+    #[cfg(feature = "test-hooks")]
+    kill_after_journal: Option<String>,
 }
 
-/// What [`on_publish`] hands a message to: the connection and the state of its deliveries.
-struct Delivery<'a> {
-    client: &'a Link,
-    tx: &'a mpsc::Sender<Out>,
-    inflight: &'a InFlight,
-    acks: &'a Mutex<AckOrder<Ack>>,
-    /// The [`SessionCount`] now.
-    session: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Sends what `order` lets go once `slot`'s ack is `ack`, in order and under its lock, so
-/// that no other task's ack slips in between. Without waiting: an ack the client's full queue
-/// refuses is lost, and the broker delivers that message again, marked DUP.
-fn ack_in_order(client: &Link, order: &Mutex<AckOrder<Ack>>, slot: Slot, ack: Ack) {
-    let mut order = lock(order);
-    for a in order.ready(slot, ack) {
-        if client.try_ack(&a).is_err() {
-            tracing::warn!("cannot acknowledge a message now: the broker will send it again");
-        }
-    }
-}
-
-/// A message arrived: a request (queued, or answered at once when refused) or a cancel.
-fn on_publish(s: &Settings, shared: &Shared, d: &Delivery<'_>, p: Message) {
-    let Delivery {
-        client,
-        tx,
-        inflight,
-        acks,
-        session,
-    } = *d;
-    let service = &shared.service;
-    let topic = p.topic.clone();
-    // A fleet cancel reaches every member; the one answering the request cancels it.
-    if topic == s.topics.cancel || s.topics.fleet_cancel.as_deref() == Some(topic.as_str()) {
-        match contract::parse_cancel(&p.payload) {
-            // Off this task: cancelling a waiting request answers it through its sink, which
-            // blocks (a blocking send on the runtime's own thread panics, and took the MQTT
-            // loop down with it).
-            Ok(id) => {
-                let service = service.clone();
-                tokio::task::spawn_blocking(move || {
-                    let found = service.cancel(&id);
-                    tracing::info!(request = id, found, "cancel");
-                });
-            }
-            Err(e) => tracing::warn!("cancel refused: {e}"),
-        }
-        let slot = lock(acks).arrive(session);
-        ack_in_order(client, acks, slot, p.ack);
-        return;
-    }
-    let origin = if s.topics.fleet_topic.as_deref() == Some(topic.as_str()) {
-        Origin::Fleet
-    } else if topic == s.topics.request {
-        Origin::Device
-    } else {
-        tracing::warn!(topic, "message on a topic we did not subscribe to: ignored");
-        let slot = lock(acks).arrive(session);
-        ack_in_order(client, acks, slot, p.ack);
-        return;
-    };
-    let key = journal::delivery_key(
-        p.topic.as_bytes(),
-        &p.payload,
-        p.response_topic.as_deref(),
-        p.correlation.as_deref(),
-    );
-    // A redelivery (DUP: the broker sent it before and had no acknowledgement) whose answer
-    // was published is answered with that answer again, not recomputed. A first delivery is
-    // never looked up: a client may well send the same request twice on purpose.
-    if p.dup {
-        let stored = shared
-            .journal
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(a) = stored {
-            tracing::info!(
-                topic,
-                "redelivered request: its stored answer is sent again"
-            );
-            let props = answer_properties(a.properties, a.correlation.clone());
-            let _ = client.try_publish(&a.topic, s.qos, false, a.payload, props);
-            let slot = lock(acks).arrive(session);
-            ack_in_order(client, acks, slot, p.ack);
-            return;
-        }
-        if inflight.contains(&key) {
-            // Its answer, when published, acknowledges this delivery (the same packet id).
-            tracing::info!(
-                topic,
-                "redelivered request still being answered: not taken twice"
-            );
-            return;
-        }
-    }
-    inflight.add(key);
-    let slot = lock(acks).arrive(session);
-    // The client's own response topic keys the queue's fairness between clients (and names
-    // the asker in the audit trail); a 3.1.1 client has none, and is named by the topic.
-    let source = format!("mqtt:{}", p.response_topic.as_deref().unwrap_or(&topic));
-    let ids = Arc::clone(&shared.ids);
-    let parsed = contract::parse_request(
-        &p.payload,
-        origin,
-        &source,
-        move || ids(),
-        &shared.limits.borrow().clone(),
-        Instant::now(),
-    );
-    let reply_to = |id: &str| {
-        p.response_topic
-            .clone()
-            .unwrap_or_else(|| s.topics.response(id))
-    };
-    let ctx = |id: &str, stream: bool| {
-        Arc::new(Ctx {
-            id: id.to_owned(),
-            topic: reply_to(id),
-            correlation: p.correlation.clone(),
-            properties: p.response_topic.is_some(),
-            stream,
-            key,
-            ack: Some((p.ack.clone(), slot)),
-            session,
-        })
-    };
-    match parsed {
-        Err(refused) => {
-            tracing::info!(id = refused.id.as_deref().unwrap_or("?"), code = %refused.error.code, "request refused: {}", refused.error);
-            let id = refused.id.clone().unwrap_or_default();
-            let body = contract::error_json(refused.id.as_deref(), &refused.error);
-            // An unreadable id gets the answer on the response topic, or a shared error topic.
-            let c = ctx(if id.is_empty() { "error" } else { &id }, false);
-            queue_reply(tx, Out::Reply(c, body));
-        }
-        Ok(parsed) => {
-            let id = parsed.request.id.clone();
-            let c = ctx(&id, parsed.stream);
-            let sink = ToPublisher {
-                ctx: Arc::clone(&c),
-                tx: tx.clone(),
+impl Publisher {
+    async fn run(self, mut rx: mpsc::Receiver<Out>) {
+        while let Some(out) = rx.recv().await {
+            let actions = match out {
+                Out::Event(token, ev) => lock(&self.core).on_event(token, ev),
+                Out::Do(actions) => actions,
             };
-            if let Err(e) = service.submit(parsed.request, Box::new(sink)) {
-                queue_reply(tx, Out::Reply(c, contract::error_json(Some(&id), &e)));
+            for a in actions {
+                if !self.execute(a).await {
+                    return;
+                }
             }
+        }
+    }
+
+    /// Returns `false` once the client has stopped.
+    async fn execute(&self, a: Action<Ack>) -> bool {
+        match a {
+            Action::Publish(p) => self.publish(p, None).await,
+            Action::Ack(ack) => {
+                self.ack(&ack, None).await;
+                true
+            }
+            Action::Final {
+                token,
+                id,
+                key,
+                answer,
+            } => {
+                let p = core::publish_of(&answer);
+                // The sync blocks: off the I/O thread.
+                let j = Arc::clone(&self.journal);
+                let kept = tokio::task::spawn_blocking(move || {
+                    j.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .record(key, answer)
+                })
+                .await;
+                match kept {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(
+                        request = id,
+                        "{e}: the answer is published, but a redelivery would compute it again"
+                    ),
+                    Err(e) => tracing::error!(request = id, "answer journal: {e}"),
+                }
+                #[cfg(feature = "test-hooks")]
+                if self.kill_after_journal.as_deref() == Some(id.as_str()) {
+                    tracing::warn!(request = id, "test hook: SIGKILL after the journal");
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+                }
+                if !self.publish(p, Some(&id)).await {
+                    return false;
+                }
+                let after = lock(&self.core).on_published(token);
+                for a in after {
+                    if let Action::Ack(ack) = a {
+                        self.ack(&ack, Some(&id)).await;
+                    }
+                }
+                true
+            }
+            // The polling loop's own: never sent here.
+            Action::Subscribe(_) | Action::Ready | Action::Submit(..) | Action::Cancel(_) => true,
+        }
+    }
+
+    async fn publish(&self, p: core::Publish, id: Option<&str>) -> bool {
+        let sent = self
+            .client
+            .publish(&p.topic, self.qos, false, p.payload, p.props);
+        if sent.await.is_err() {
+            let id = id.unwrap_or("-");
+            tracing::error!(
+                request = id,
+                "cannot publish the answer: the client has stopped"
+            );
+            return false;
+        }
+        true
+    }
+
+    async fn ack(&self, ack: &Ack, id: Option<&str>) {
+        if self.client.ack(ack).await.is_err() {
+            let id = id.unwrap_or("-");
+            tracing::warn!(
+                request = id,
+                "cannot acknowledge the request: the client has stopped"
+            );
         }
     }
 }
 
-/// Hands a refusal to the publisher without blocking the poll loop and without dropping it.
+/// Hands the core's actions to the publisher without blocking the poll loop and without
+/// dropping them.
 ///
 /// The channel is full while the publisher waits on a slow broker. A refusal dropped there was
 /// never published, so its request was never acknowledged either, and the broker sends only so
 /// many unacknowledged requests (Mosquitto: 20) before it stops sending any: a burst of
-/// refusals made the device deaf until it reconnected. One that finds the channel full waits
-/// in a task of its own; the broker's in-flight window bounds how many do.
-fn queue_reply(tx: &mpsc::Sender<Out>, out: Out) {
+/// refusals made the device deaf until it reconnected. What finds the channel full waits in a
+/// task of its own; the broker's in-flight window bounds how many do.
+fn queue_out(tx: &mpsc::Sender<Out>, out: Out) {
     match tx.try_send(out) {
         Ok(()) => {}
         Err(mpsc::error::TrySendError::Full(out)) => {
@@ -556,108 +502,6 @@ fn queue_reply(tx: &mpsc::Sender<Out>, out: Out) {
         // The client is stopping: unacknowledged, the request is delivered again.
         Err(mpsc::error::TrySendError::Closed(_)) => {}
     }
-}
-
-/// Publishes the events of every request in the order they come. A request's final message
-/// is first written to the journal (synced), then published, then the request is
-/// acknowledged: whatever point a crash stops this at, a redelivery finds the answer or finds
-/// a request never answered.
-async fn publish_answers(
-    client: Link,
-    mut rx: mpsc::Receiver<Out>,
-    journal: SharedJournal,
-    qos: QoS,
-    inflight: Arc<InFlight>,
-    sessions: Arc<SessionCount>,
-    acks: Arc<Mutex<AckOrder<Ack>>>,
-    kill_after_journal: Option<String>,
-) {
-    // Chunks so far of each streaming request: (id, next seq).
-    let mut seqs: Vec<(String, u64)> = Vec::new();
-    while let Some(out) = rx.recv().await {
-        let (ctx, body, last) = match out {
-            Out::Reply(ctx, body) => (ctx, body, true),
-            Out::Event(ctx, Event::Text(chunk)) => {
-                if !ctx.stream {
-                    continue;
-                }
-                let seq = match seqs.iter_mut().find(|(i, _)| *i == ctx.id) {
-                    Some((_, n)) => {
-                        *n += 1;
-                        *n - 1
-                    }
-                    None => {
-                        seqs.push((ctx.id.clone(), 1));
-                        0
-                    }
-                };
-                let body = contract::chunk_json(&ctx.id, seq, &chunk);
-                (ctx, body, false)
-            }
-            Out::Event(ctx, Event::Done(d)) => (ctx, contract::done_json(&d), true),
-            Out::Event(ctx, Event::Error(e)) => {
-                let body = contract::error_json(Some(&ctx.id), &e);
-                (ctx, body, true)
-            }
-        };
-        if last {
-            seqs.retain(|(i, _)| *i != ctx.id);
-            let answer = Answer {
-                topic: ctx.topic.clone(),
-                properties: ctx.properties,
-                correlation: ctx.correlation.clone(),
-                payload: body.clone(),
-            };
-            // The sync blocks: off the I/O thread.
-            let j = Arc::clone(&journal);
-            let key = ctx.key;
-            let kept = tokio::task::spawn_blocking(move || {
-                j.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .record(key, answer)
-            })
-            .await;
-            match kept {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(
-                    request = ctx.id,
-                    "{e}: the answer is published, but a redelivery would compute it again"
-                ),
-                Err(e) => tracing::error!(request = ctx.id, "answer journal: {e}"),
-            }
-            if kill_after_journal.as_deref() == Some(ctx.id.as_str()) {
-                tracing::warn!(request = ctx.id, "test hook: SIGKILL after the journal");
-                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        let props = answer_properties(ctx.properties, ctx.correlation.clone());
-        let sent = client.publish(&ctx.topic, qos, false, body, props).await;
-        if sent.is_err() {
-            tracing::error!(
-                request = ctx.id,
-                "cannot publish the answer: the client has stopped"
-            );
-            return;
-        }
-        if last {
-            match &ctx.ack {
-                // The broker forgot the session this came in, and with it the delivery: it
-                // will not send it again, and its packet id may now be another request's.
-                Some(_) if ctx.session != sessions.now() => tracing::info!(
-                    request = ctx.id,
-                    "answered after the broker lost its session: nothing to acknowledge"
-                ),
-                Some((ack, slot)) => ack_in_order(&client, &acks, *slot, ack.clone()),
-                None => {}
-            }
-            inflight.done(&ctx.key);
-        }
-    }
-}
-
-/// The properties of an answer: none for a request without a response topic (see [`Ctx`]).
-fn answer_properties(properties: bool, correlation: Option<Bytes>) -> Option<Props> {
-    properties.then_some(Props { correlation })
 }
 
 /// Reconnect delays: 250 ms doubling to 30 s, reset by a ConnAck.
@@ -683,24 +527,16 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    fn refusal(id: &str) -> Out {
-        let ctx = Ctx {
-            id: id.to_owned(),
-            topic: format!("edgellm/dev/response/{id}"),
-            correlation: None,
-            properties: false,
-            stream: false,
-            key: [0; 32],
-            ack: None,
-            session: 0,
-        };
-        Out::Reply(Arc::new(ctx), Vec::new())
+    fn token(out: &Out) -> u64 {
+        match out {
+            Out::Event(t, _) => *t,
+            Out::Do(_) => u64::MAX,
+        }
     }
 
-    fn id(out: &Out) -> &str {
-        match out {
-            Out::Reply(c, _) | Out::Event(c, _) => &c.id,
-        }
+    fn refusal(t: u64) -> Out {
+        let e = crate::service::ServiceError::new(crate::service::ErrorCode::Busy, "busy");
+        Out::Event(t, Event::Error(e))
     }
 
     #[test]
@@ -712,7 +548,7 @@ mod tests {
         rt.block_on(async {
             let (tx, mut rx) = mpsc::channel::<Out>(2);
             for i in 0..5 {
-                queue_reply(&tx, refusal(&format!("r{i}")));
+                queue_out(&tx, refusal(i));
             }
             let mut got = Vec::new();
             for _ in 0..5 {
@@ -720,13 +556,13 @@ mod tests {
                     .await
                     .expect("a refusal was dropped")
                     .unwrap();
-                got.push(id(&out).to_owned());
+                got.push(token(&out));
             }
             got.sort();
-            assert_eq!(got, ["r0", "r1", "r2", "r3", "r4"]);
+            assert_eq!(got, [0, 1, 2, 3, 4]);
             // Once the client stops, a refusal is let go: its request is delivered again.
             drop(rx);
-            queue_reply(&tx, refusal("late"));
+            queue_out(&tx, refusal(9));
         });
     }
 }

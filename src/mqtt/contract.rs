@@ -11,13 +11,24 @@
 //!
 //! `prompt` (one user message) or `messages` (`[{"role", "content"}]`) is required; everything
 //! else is optional. Unknown fields are refused, so a typo is an error, not a default.
+//!
+//! Both sides use this module: the daemon parses a [`RequestBody`] and publishes the messages
+//! of [`answer`]; `edgellm ask` builds a `RequestBody` and reads the answer with
+//! [`parse_reply`]. So a field changes in one place for both.
+
+mod answer;
+
+pub use answer::{
+    Chunk, Final, FinalTimings, Reply, ReplyError, chunk_json, done_json, error_json, finish_name,
+    parse_reply,
+};
 
 use crate::engine::SamplingParams;
 use crate::engine::store::SessionId;
-use crate::service::{Done, ErrorCode, FinishReason, Prompt, Request, ServiceError, check_id};
+use crate::service::{ErrorCode, Prompt, Request, ServiceError, check_id};
 use crate::tokenizer::ChatMessage;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// Longest topic prefix, device id or fleet group name.
@@ -110,22 +121,51 @@ pub struct Limits {
     pub timeout: Option<Duration>,
 }
 
-/// A request as it arrives. Every field but the prompt is optional.
-#[derive(Debug, Deserialize)]
+/// A request as it travels: what a client writes ([`RequestBody::to_json`]) and the daemon
+/// reads ([`parse_request`]). Every field but the prompt is optional; a field left `None` is
+/// left out of the JSON.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Wire {
-    id: Option<String>,
-    prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    system: Option<String>,
-    session: Option<String>,
-    max_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<usize>,
-    seed: Option<u64>,
+pub struct RequestBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Send the answer as chunks before the final message.
     #[serde(default)]
-    stream: bool,
+    pub stream: bool,
+}
+
+impl RequestBody {
+    /// A request for one user message, answered in one final message.
+    pub fn prompt(text: impl Into<String>) -> RequestBody {
+        RequestBody {
+            prompt: Some(text.into()),
+            ..RequestBody::default()
+        }
+    }
+
+    /// The payload to publish on the request topic.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Cannot fail: strings, numbers and a list of string pairs.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 /// A parsed request, and how its answer is wanted.
@@ -190,7 +230,7 @@ pub fn parse_request(
             ),
         ));
     }
-    let wire: Wire = match serde_json::from_slice(payload) {
+    let wire: RequestBody = match serde_json::from_slice(payload) {
         Ok(w) => w,
         Err(e) => {
             // Answer with the id if the payload is JSON that has one.
@@ -288,53 +328,6 @@ pub fn parse_cancel(payload: &[u8]) -> Result<String, ServiceError> {
     serde_json::from_slice::<Cancel>(payload)
         .map(|c| c.id)
         .map_err(|e| ServiceError::new(ErrorCode::BadRequest, format!("invalid cancel: {e}")))
-}
-
-/// A streamed piece of the answer.
-pub fn chunk_json(id: &str, seq: u64, delta: &str) -> Vec<u8> {
-    json!({ "id": id, "seq": seq, "delta": delta, "done": false })
-        .to_string()
-        .into_bytes()
-}
-
-/// The wire name of a finish reason.
-pub fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Eog => "stop",
-        FinishReason::Length | FinishReason::ContextFull => "length",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Timeout => "timeout",
-    }
-}
-
-/// The final message of an answer.
-pub fn done_json(d: &Done) -> Vec<u8> {
-    let t = &d.timings;
-    json!({
-        "id": d.id,
-        "text": d.text,
-        "finish_reason": finish_name(d.finish_reason),
-        "usage": d.usage,
-        "timings": {
-            "queue_ms": round3(t.queue_ms),
-            "ttft_ms": round3(t.ttft_ms),
-            "decode_tps": round3(t.decode_tps),
-        },
-        "done": true,
-    })
-    .to_string()
-    .into_bytes()
-}
-
-/// The answer to a request that failed (`id` null when it could not be read).
-pub fn error_json(id: Option<&str>, e: &ServiceError) -> Vec<u8> {
-    json!({ "id": id, "error": { "code": e.code, "message": e.message }, "done": true })
-        .to_string()
-        .into_bytes()
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

@@ -252,6 +252,7 @@ impl Loop {
 }
 
 /// Publish properties of an answer (MQTT 5 only; a 3.1.1 publish carries none).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Props {
     pub correlation: Option<Bytes>,
 }

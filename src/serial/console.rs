@@ -17,7 +17,7 @@
 
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{Event, FinishReason, Prompt, Request};
+use crate::service::{Event, Prompt, Request};
 use crate::tokenizer::ChatMessage;
 use std::time::Duration;
 
@@ -295,22 +295,16 @@ impl ConsoleCore {
 
     fn status(&self, env: &mut dyn Env) {
         let s = env.status();
-        let text = format!(
-            "state      {} (model {})\nqueue      {} waiting, answering: {}\n\
-             answered   {}, failed {}, busy {}\nuptime     {} s\n\
-             this port  {} requests, {} bad input, {} checksum errors\n",
+        let mut text = format!(
+            "state      {} (model {})\nqueue      {} waiting, answering: {}\n",
             s.state,
             s.model,
             s.queue,
             if s.running { "yes" } else { "no" },
-            s.answered,
-            s.failed,
-            s.busy,
-            s.uptime_s,
-            s.port_requests,
-            s.port_bad_input,
-            s.port_checksum_errors,
         );
+        for (name, n) in s.counters() {
+            text.push_str(&format!("{name:<21}{n}\n"));
+        }
         write_text(env, &text);
     }
 
@@ -368,7 +362,7 @@ impl Core for ConsoleCore {
             Event::Done(d) => {
                 let summary = format!(
                     "[{} · {} prompt tokens · {} tokens · {:.1} tok/s]\n",
-                    finish_str(d.finish_reason),
+                    d.finish_reason.as_str(),
                     d.usage.prompt_tokens,
                     d.usage.completion_tokens,
                     d.timings.decode_tps,
@@ -418,16 +412,6 @@ fn log(env: &mut dyn Env, n: usize) {
     for l in lines {
         write_text(env, &l);
         env.write(b"\r\n");
-    }
-}
-
-fn finish_str(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Eog => "eog",
-        FinishReason::Length => "length",
-        FinishReason::ContextFull => "context_full",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Timeout => "timeout",
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::serial::core::MemEnv;
-use crate::service::{Chunk, Done, ErrorCode, ServiceError, Timings, Usage};
+use crate::service::{Chunk, Done, ErrorCode, FinishReason, ServiceError, Timings, Usage};
 
 fn console() -> ConsoleCore {
     ConsoleCore::new(ConsoleConfig {
@@ -203,13 +203,32 @@ fn status_shows_the_daemon_and_port_counters() {
     e.status.answered = 42;
     e.status.port_bad_input = 7;
     let out = typed(&mut c, &mut e, b"status\r");
-    for want in [
-        "busy (model SmolLM2-135M)",
-        "3 waiting, answering: yes",
-        "answered   42",
-        "7 bad input",
-    ] {
+    for want in ["busy (model SmolLM2-135M)", "3 waiting, answering: yes"] {
         assert!(out.contains(want), "{want} missing from {out:?}");
+    }
+    // Every counter of the line's STATUS, on a line of its own: name, then value.
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    for name in [
+        "answered",
+        "failed",
+        "busy",
+        "uptime_s",
+        "port_requests",
+        "port_bad_input",
+        "port_checksum_errors",
+    ] {
+        let n = match name {
+            "answered" => "42",
+            "port_bad_input" => "7",
+            _ => "0",
+        };
+        assert!(
+            rows.iter().any(|r| *r == [name, n]),
+            "{name} {n} missing from {out:?}"
+        );
     }
 }
 

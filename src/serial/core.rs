@@ -31,6 +31,23 @@ pub struct StatusView {
     pub port_checksum_errors: u64,
 }
 
+impl StatusView {
+    /// The counters of every status: the line's `STATUS`, the console's `status` and the
+    /// status frame (which carries them as u32 in this order) all list them from here, so a
+    /// counter is added once for all three.
+    pub fn counters(&self) -> [(&'static str, u64); 7] {
+        [
+            ("answered", self.answered),
+            ("failed", self.failed),
+            ("busy", self.busy),
+            ("uptime_s", self.uptime_s),
+            ("port_requests", self.port_requests),
+            ("port_bad_input", self.port_bad_input),
+            ("port_checksum_errors", self.port_checksum_errors),
+        ]
+    }
+}
+
 /// The world of a protocol core.
 pub trait Env {
     /// Bytes for the port, in order (the driver writes them after the call returns).

@@ -2,20 +2,20 @@
 //! service's events back, write what the core says, and open it again when it goes away.
 //!
 //! The port's request keeps running while the port is gone (an adapter unplugged for a
-//! second): its events wait in the channel and are written once the port is back. The
-//! worker hands events over without ever waiting (an unbounded channel, bounded in practice
-//! by the request's tokens), so a slow or stalled line never holds up the engine.
+//! second): its events wait in its [`Ticket`] and are written once the port is back. A line
+//! slower than the engine, or one that stays away, holds the answer back as any reader does:
+//! the worker waits for room in the ticket until the request's deadline (the service's one
+//! backpressure policy), so memory stays bounded.
 
 use super::core::{Core, Env, StatusView};
 use super::port::{PathWatch, Port, Settings};
 use super::stats::{Count, PortState, PortStats};
-use crate::service::worker::Sink;
-use crate::service::{Event, Handle, Request, ServiceError, Ticket};
+use crate::service::{Canceller, Event, Handle, Request, ServiceError, Ticket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// What a port's loop needs from the daemon.
 #[derive(Clone)]
@@ -49,15 +49,16 @@ pub async fn run(
     stats: Arc<PortStats>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
     let mut env = PortEnv {
         out: Vec::new(),
         source: format!("serial:{}", spec.path.display()),
         ctx,
-        tx,
-        ticket: None,
+        submitted: None,
+        cancel: None,
         stats: Arc::clone(&stats),
     };
+    // The port's request, kept while the port is away.
+    let mut ticket = None;
     let path = spec.path.display().to_string();
     let mut backoff = BACKOFF_MIN;
     let (mut opened_before, mut rs485_told, mut last_error) = (false, false, String::new());
@@ -117,7 +118,7 @@ pub async fn run(
             watch,
             core.as_mut(),
             &mut env,
-            &mut rx,
+            &mut ticket,
             &mut stop,
         );
         let Some(why) = served.await else {
@@ -138,11 +139,15 @@ async fn serve(
     mut watch: Option<PathWatch>,
     core: &mut dyn Core,
     env: &mut PortEnv,
-    rx: &mut mpsc::UnboundedReceiver<Event>,
+    ticket: &mut Option<Ticket>,
     stop: &mut watch::Receiver<bool>,
 ) -> Option<String> {
     let mut buf = [0u8; 1024];
     loop {
+        // What the last step submitted: its events are read from now on.
+        if let Some(t) = env.submitted.take() {
+            *ticket = Some(t);
+        }
         // What the last step produced: written before anything else is read.
         if !env.out.is_empty() {
             if let Err(e) = port.write_all(&env.out).await {
@@ -162,12 +167,17 @@ async fn serve(
                 }
                 Err(e) => return Some(format!("read: {e}")),
             },
-            Some(ev) = rx.recv() => {
-                if matches!(ev, Event::Done(_) | Event::Error(_)) {
-                    env.ticket = None;
+            ev = next_event(ticket) => match ev {
+                Some(ev) => {
+                    if matches!(ev, Event::Done(_) | Event::Error(_)) {
+                        *ticket = None;
+                        env.cancel = None;
+                    }
+                    core.on_event(ev, env);
                 }
-                core.on_event(ev, env);
-            }
+                // Ended: its last event was read above.
+                None => *ticket = None,
+            },
             _ = sleep_until(tick), if tick.is_some() => core.on_tick(env),
             r = changed(&watch) => {
                 if let Err(e) = r {
@@ -180,6 +190,14 @@ async fn serve(
             }
             _ = stop.changed() => return None,
         }
+    }
+}
+
+/// The next event of the port's request; never without one.
+async fn next_event(t: &mut Option<Ticket>) -> Option<Event> {
+    match t {
+        Some(t) => t.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -197,22 +215,14 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-/// Hands a request's events to its port's loop; never blocks the worker.
-struct ToPort(mpsc::UnboundedSender<Event>);
-
-impl Sink for ToPort {
-    fn send(&mut self, ev: Event) -> bool {
-        self.0.send(ev).is_ok()
-    }
-}
-
 struct PortEnv {
     out: Vec<u8>,
     source: String,
     ctx: Context,
-    tx: mpsc::UnboundedSender<Event>,
-    /// The port's request in the service.
-    ticket: Option<Ticket>,
+    /// The ticket of a request the core just submitted, for the loop to read.
+    submitted: Option<Ticket>,
+    /// Cancels the port's request while it runs.
+    cancel: Option<Canceller>,
     stats: Arc<PortStats>,
 }
 
@@ -222,18 +232,15 @@ impl Env for PortEnv {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), ServiceError> {
-        let t = self
-            .ctx
-            .handle
-            .submit(req, Box::new(ToPort(self.tx.clone())))?;
-        self.ticket = Some(t);
+        let t = self.ctx.handle.submit(req)?;
+        self.cancel = Some(t.canceller());
+        self.submitted = Some(t);
         Ok(())
     }
 
     fn cancel(&mut self) {
-        // The ticket's flag only: `Handle::cancel` may run the sink on this (runtime) thread.
-        if let Some(t) = &self.ticket {
-            t.cancel();
+        if let Some(c) = &self.cancel {
+            c.cancel();
         }
     }
 

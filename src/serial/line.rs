@@ -18,7 +18,7 @@
 use super::core::{Core, Env};
 use super::stats::Count;
 use crate::engine::store::SessionId;
-use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request, ServiceError};
+use crate::service::{Event, FinishReason, Prompt, Request, ServiceError};
 use crate::tokenizer::ChatMessage;
 use std::time::Duration;
 
@@ -140,27 +140,22 @@ impl LineCore {
             "HELP" => reply(env, checksum, "OK ", HELP),
             "STATUS" => {
                 let s = env.status();
-                let line = format!(
-                    "state={} model={} queue={} running={} answered={} failed={} busy={} \
-                     uptime_s={} port_requests={} port_bad_input={} port_checksum_errors={} \
-                     this_port={}",
+                let mut line = format!(
+                    "state={} model={} queue={} running={}",
                     s.state,
                     s.model,
                     s.queue,
                     yes_no(s.running),
-                    s.answered,
-                    s.failed,
-                    s.busy,
-                    s.uptime_s,
-                    s.port_requests,
-                    s.port_bad_input,
-                    s.port_checksum_errors,
-                    if self.running.is_some() {
-                        "running"
-                    } else {
-                        "idle"
-                    },
                 );
+                for (name, n) in s.counters() {
+                    line.push_str(&format!(" {name}={n}"));
+                }
+                let this = if self.running.is_some() {
+                    "running"
+                } else {
+                    "idle"
+                };
+                line.push_str(&format!(" this_port={this}"));
                 reply(env, checksum, "OK ", &line)
             }
             "CANCEL" => {
@@ -337,7 +332,7 @@ impl Core for LineCore {
                 if self.set.stream {
                     let end = format!(
                         "{} {} {}",
-                        reason(d.finish_reason),
+                        d.finish_reason.as_str(),
                         d.usage.prompt_tokens,
                         d.usage.completion_tokens
                     );
@@ -383,22 +378,13 @@ fn yes_no(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }
 
-fn reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Eog => "eog",
-        FinishReason::Length => "length",
-        FinishReason::ContextFull => "context_full",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Timeout => "timeout",
-    }
-}
-
 fn error(env: &mut dyn Env, checksum: bool, e: &ServiceError) {
-    let code = match e.code {
-        ErrorCode::BadRequest => "bad_request",
-        c => c.as_str(),
-    };
-    reply_raw(env, checksum, &format!("ERR {code} "), &escape(&e.message));
+    reply_raw(
+        env,
+        checksum,
+        &format!("ERR {} ", e.code.as_str()),
+        &escape(&e.message),
+    );
 }
 
 /// Writes `head` + `text` escaped, the checksum when asked, and CR LF.

@@ -2,7 +2,8 @@
 //! session, stream its text, end with `Done` or `Error`.
 
 use super::prompt::{self, Built};
-use super::worker::{Job, Shared, Sink};
+use super::ticket::{Channel, Stop};
+use super::worker::{Job, Shared};
 use super::{
     Chunk, Done, ErrorCode, Event, FinishReason, Recorder, Request, ServiceError, SessionReport,
     Timings, Usage,
@@ -11,13 +12,13 @@ use crate::engine::store::{SessionFile, SessionStore, Source};
 use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
 use crate::tokenizer::{ChatTemplate, StreamDecoder};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// The sessions a worker answers in.
-pub(super) enum Store {
+/// The sessions a worker answers in: [`Sessions`](super::Sessions) once opened.
+pub(super) enum OpenSessions {
     /// No sessions: every request in one scratch session.
-    None(Session),
+    Scratch(Session),
     File(SessionFile),
     /// A state directory, and a scratch session for requests that name none.
     Dir(SessionStore, Session),
@@ -26,7 +27,8 @@ pub(super) enum Store {
 pub(super) struct Worker {
     pub(super) engine: Engine,
     pub(super) template: Option<ChatTemplate>,
-    pub(super) sessions: Store,
+    pub(super) sessions: OpenSessions,
+    #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
     pub(super) shared: Arc<Shared>,
@@ -37,11 +39,10 @@ impl Worker {
         while let Some(job) = self.next() {
             let Job {
                 req,
-                mut sink,
-                cancel,
+                channel,
                 submitted,
             } = job;
-            let ev = self.answer(&req, sink.as_mut(), &cancel, submitted);
+            let ev = self.answer(&req, &channel, submitted);
             let c = &self.shared.counters;
             match &ev {
                 Event::Done(d) if matches!(d.finish_reason, FinishReason::Cancelled) => {
@@ -96,7 +97,7 @@ impl Worker {
                     self.engine.kernels().name(),
                 );
             }
-            sink.send(ev);
+            channel.end(ev);
             self.shared.busy.store(false, Ordering::Relaxed);
             self.shared.lock().running = None;
             self.shared.wake.notify_all();
@@ -113,7 +114,7 @@ impl Worker {
                 return None;
             }
             if let Some(job) = st.queue.pop() {
-                st.running = Some((job.req.id.clone(), Arc::clone(&job.cancel)));
+                st.running = Some((job.req.id.clone(), Arc::clone(&job.channel)));
                 self.shared.progress();
                 self.shared.busy.store(true, Ordering::Relaxed);
                 drop(st);
@@ -125,17 +126,11 @@ impl Worker {
     }
 
     /// Answers one request; returns its last event (`Done` or `Error`), the `Text` events
-    /// having gone to `sink` already.
-    fn answer(
-        &mut self,
-        req: &Request,
-        sink: &mut dyn Sink,
-        cancel: &AtomicBool,
-        submitted: Instant,
-    ) -> Event {
+    /// having gone to its ticket's `channel` already.
+    fn answer(&mut self, req: &Request, channel: &Channel, submitted: Instant) -> Event {
         let started = Instant::now();
         let queue_ms = ms(submitted, started);
-        if cancel.load(Ordering::Relaxed) {
+        if channel.is_cancelled() {
             return error(ErrorCode::Cancelled, "cancelled before its answer started");
         }
         if req.deadline.is_some_and(|d| started >= d) {
@@ -144,10 +139,11 @@ impl Worker {
                 format!("its deadline passed after {queue_ms:.0} ms in the queue"),
             );
         }
+        #[cfg(feature = "test-hooks")]
         if let Some(pause) = self.test_stall {
             std::thread::sleep(pause);
         }
-        match self.generate(req, sink, cancel, started) {
+        match self.generate(req, channel, started) {
             Ok(mut done) => {
                 done.timings.queue_ms = queue_ms;
                 Event::Done(Box::new(done))
@@ -159,8 +155,7 @@ impl Worker {
     fn generate(
         &mut self,
         req: &Request,
-        sink: &mut dyn Sink,
-        cancel: &AtomicBool,
+        channel: &Channel,
         started: Instant,
     ) -> Result<Done, ServiceError> {
         if matches!(req.prompt, super::Prompt::Forget) {
@@ -189,8 +184,10 @@ impl Worker {
 
         let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
         let mut stream = StreamDecoder::new();
-        let (mut gone, mut cancelled, mut timed_out) = (false, false, false);
+        // Why the answer was stopped before the engine ended it, if it was.
+        let mut stop = None;
         let shared = &self.shared;
+        let alive = || shared.progress();
         let mut on_token = |t: u32| {
             shared.progress();
             if tok.is_eog(t) {
@@ -198,23 +195,18 @@ impl Worker {
             }
             let start = text.len();
             stream.push_into(tok.token_to_piece(t), &mut text);
-            if !send_text(sink, &text[start..]) {
-                gone = true;
-                return false;
-            }
-            if cancel.load(Ordering::Relaxed) {
-                cancelled = true;
-                return false;
-            }
-            if req.deadline.is_some_and(|d| Instant::now() >= d) {
-                timed_out = true;
-                return false;
-            }
-            true
+            let why = match send_text(channel, &text[start..], req.deadline, &alive) {
+                Err(why) => why,
+                Ok(()) if channel.is_cancelled() => Stop::Cancelled,
+                Ok(()) if req.deadline.is_some_and(|d| Instant::now() >= d) => Stop::Deadline,
+                Ok(()) => return true,
+            };
+            stop = Some(why);
+            false
         };
         let gen_start = Instant::now();
         let (out, report) = match (&mut self.sessions, &req.session) {
-            (Store::None(scratch) | Store::Dir(_, scratch), None) => {
+            (OpenSessions::Scratch(scratch) | OpenSessions::Dir(_, scratch), None) => {
                 let out = engine.generate(
                     scratch,
                     &built.ids,
@@ -225,8 +217,10 @@ impl Worker {
                 )?;
                 (out, None)
             }
-            (Store::None(_) | Store::File(_), Some(_)) => return Err(no_sessions()),
-            (Store::File(f), None) => {
+            (OpenSessions::Scratch(_) | OpenSessions::File(_), Some(_)) => {
+                return Err(no_sessions());
+            }
+            (OpenSessions::File(f), None) => {
                 let (out, turn) = f.generate(
                     engine,
                     &built.ids,
@@ -237,7 +231,7 @@ impl Worker {
                 )?;
                 (out, Some(SessionReport::of(None, turn)))
             }
-            (Store::Dir(store, _), Some(id)) => {
+            (OpenSessions::Dir(store, _), Some(id)) => {
                 let system = cache_system_prompt(store, engine, &built);
                 let (out, turn) = store.generate(
                     engine,
@@ -256,16 +250,23 @@ impl Worker {
         };
         let tail = stream.finish();
         text.push_str(&tail);
-        if !gone {
-            send_text(sink, &tail);
+        if stop.is_none() {
+            // Only what an invalid sequence at the very end left: `Done` carries it anyway.
+            let _ = send_text(channel, &tail, req.deadline, &alive);
         }
-        let finish = match out.finish {
-            _ if timed_out => FinishReason::Timeout,
-            _ if cancelled || gone => FinishReason::Cancelled,
-            crate::engine::FinishReason::Eog => FinishReason::Eog,
-            crate::engine::FinishReason::Length => FinishReason::Length,
-            crate::engine::FinishReason::ContextFull => FinishReason::ContextFull,
-            crate::engine::FinishReason::Cancelled => FinishReason::Cancelled,
+        // The loop says `cancelled` whenever the callback stopped it; the callback knows why.
+        let finish = match stop {
+            None => out.finish,
+            Some(Stop::Deadline) => FinishReason::Timeout,
+            Some(Stop::Unread) => {
+                tracing::warn!(
+                    request = req.id,
+                    "nobody read the answer for {} s: cancelled",
+                    super::ticket::MAX_WAIT.as_secs()
+                );
+                FinishReason::Cancelled
+            }
+            Some(Stop::Cancelled) => FinishReason::Cancelled,
         };
         let recomputed = report.as_ref().map_or(0, |r| match r.source {
             Source::File { recomputed, .. } | Source::Refused { recomputed, .. } => recomputed,
@@ -281,7 +282,7 @@ impl Worker {
 impl Worker {
     /// [`Prompt::Forget`](super::Prompt::Forget): deletes the named session.
     fn forget(&mut self, req: &Request) -> Result<Done, ServiceError> {
-        let (Store::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
+        let (OpenSessions::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
             return Err(match req.session {
                 None => ServiceError::new(ErrorCode::BadRequest, "a reset names no session"),
                 Some(_) => no_sessions(),
@@ -368,9 +369,14 @@ fn done(
     }
 }
 
-/// Sends `text` as [`Event::Text`] chunks cut at character boundaries; `false` once the sink
-/// is gone.
-fn send_text(sink: &mut dyn Sink, mut text: &str) -> bool {
+/// Sends `text` as [`Event::Text`] chunks cut at character boundaries, waiting for room as
+/// [`Channel::send`] does; stops at the first chunk that cannot go.
+fn send_text(
+    channel: &Channel,
+    mut text: &str,
+    deadline: Option<Instant>,
+    alive: &dyn Fn(),
+) -> Result<(), Stop> {
     while !text.is_empty() {
         let mut cut = text.len().min(super::CHUNK_BYTES);
         while !text.is_char_boundary(cut) {
@@ -379,12 +385,10 @@ fn send_text(sink: &mut dyn Sink, mut text: &str) -> bool {
         let mut chunk = Chunk::new();
         // Cannot fail: `cut` bytes fit a chunk.
         let _ = chunk.push_str(&text[..cut]);
-        if !sink.send(Event::Text(chunk)) {
-            return false;
-        }
+        channel.send(Event::Text(chunk), deadline, alive)?;
         text = &text[cut..];
     }
-    true
+    Ok(())
 }
 
 fn no_sessions() -> ServiceError {

@@ -6,12 +6,17 @@
 //! sessions, the bounded queue, cancellation and deadlines — lives here, once.
 //!
 //! ```text
-//! front end ──submit(Request, sink)──► Queue (bounded, fair between sources)
-//!                                         │ one worker thread per model
-//!                                         ▼
-//!              prompt::build → SessionStore / SessionFile → Engine::generate
-//! front end ◄──── Event::Text … Event::Done | Event::Error ────┘
+//! front end ──submit(Request)──► Queue (bounded, fair between sources)
+//!     ▲  │ Ticket                   │ one worker thread per model
+//!     │  │ (id, cancel())           ▼
+//!     │  │        prompt::build → SessionStore / SessionFile → Engine::generate
+//!     │  ▼                                                          │
+//!     └─ Ticket's bounded channel ◄── Event::Text … Event::Done | Event::Error
 //! ```
+//!
+//! Every front end consumes [`Ticket`]s: one backpressure policy (the worker waits for a full
+//! ticket's reader, up to the request's deadline) and one cancel path (`Ticket::cancel`, or
+//! dropping the ticket), both in `ticket.rs`.
 //!
 //! Errors carry a small, stable [`ErrorCode`] and a message for a person that names no
 //! command-line flag: a PLC operator reads it on a panel, not in a shell.
@@ -19,11 +24,14 @@
 mod answer;
 pub mod prompt;
 pub mod queue;
+pub mod ticket;
 pub mod worker;
 
-pub use worker::{Handle, Service, ServiceConfig, Sessions, Ticket};
+pub use ticket::{Canceller, Ticket};
+pub use worker::{Handle, Service, ServiceConfig, Sessions};
 
 use crate::engine::EngineConfig;
+pub use crate::engine::FinishReason;
 use crate::engine::store::StoreError;
 use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
 use crate::engine::{EngineError, SamplingParams};
@@ -238,22 +246,6 @@ pub enum Event {
     Text(Chunk),
     Done(Box<Done>),
     Error(ServiceError),
-}
-
-/// Why the answer ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// The model ended its answer (an end-of-generation token, the last generated id).
-    Eog,
-    /// The request's `max_tokens` was reached.
-    Length,
-    /// The context is full.
-    ContextFull,
-    /// Cancelled by the caller, or the receiver of the events went away.
-    Cancelled,
-    /// The request's deadline passed.
-    Timeout,
 }
 
 /// Token counts of one answer: one definition for every front end (MQTT's `usage`, the line

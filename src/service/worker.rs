@@ -1,14 +1,15 @@
 //! The worker: one thread that owns the [`Engine`] and its sessions, takes [`Request`]s from
 //! the bounded [`FairQueue`] and answers each with [`Event`]s.
 //!
-//! Front ends hold a [`Handle`] (cheap to clone, `Send + Sync`): `submit` queues a request or
-//! answers `busy` at once, `cancel` stops one by id, whether it is waiting or being answered.
-//! An idle worker sleeps on a condition variable (no CPU); the compute pool's threads park
-//! between requests too. Cancellation and deadlines are checked between tokens. The worker's
-//! side — taking a request and answering it — is in `answer.rs`.
+//! Front ends hold a [`Handle`] (cheap to clone, `Send + Sync`): `submit` queues a request and
+//! returns its [`Ticket`] (`ticket.rs`: the events, backpressure and cancellation), or answers
+//! `busy` at once. An idle worker sleeps on a condition variable (no CPU); the compute pool's
+//! threads park between requests too. Cancellation and deadlines are checked between tokens.
+//! The worker's side — taking a request and answering it — is in `answer.rs`.
 
-use super::answer::{Store, Worker};
+use super::answer::{OpenSessions, Worker};
 use super::queue::{FairQueue, Full};
+use super::ticket::{Channel, Ticket};
 use super::{ErrorCode, Event, Recorder, Request, ServiceError};
 use crate::engine::Engine;
 use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
@@ -27,7 +28,7 @@ pub enum Sessions {
     /// One snapshot file holds the one session every request continues.
     File(PathBuf),
     /// Named sessions and cached system prompts in a state directory.
-    Store(StoreConfig),
+    Dir(StoreConfig),
 }
 
 /// How the service is sized.
@@ -42,8 +43,12 @@ pub struct ServiceConfig {
     pub sessions: Sessions,
     /// A chat template to use instead of the model's: a Jinja file, or a built-in name.
     pub chat_template: Option<PathBuf>,
-    /// Tests only: every answer starts with this pause, during which the worker makes no
-    /// progress (a hung engine, as a supervisor's watchdog must see it).
+    /// Events a [`Ticket`] holds before the worker waits for its reader
+    /// ([`ticket::CAPACITY`](super::ticket::CAPACITY)).
+    pub ticket_capacity: usize,
+    /// Tests only (the `test-hooks` feature): every answer starts with this pause, during
+    /// which the worker makes no progress (a hung engine, as a supervisor's watchdog must see it).
+    #[cfg(feature = "test-hooks")]
     pub test_stall: Option<Duration>,
 }
 
@@ -55,40 +60,23 @@ impl Default for ServiceConfig {
             max_prompt_bytes: 16 << 20,
             sessions: Sessions::None,
             chat_template: None,
+            ticket_capacity: super::ticket::CAPACITY,
+            #[cfg(feature = "test-hooks")]
             test_stall: None,
         }
     }
 }
 
-/// Where a request's events go. `send` returns `false` once nobody listens: the answer is then
-/// cancelled.
-pub trait Sink: Send {
-    fn send(&mut self, ev: Event) -> bool;
-}
-
-impl Sink for std::sync::mpsc::SyncSender<Event> {
-    fn send(&mut self, ev: Event) -> bool {
-        std::sync::mpsc::SyncSender::send(self, ev).is_ok()
-    }
-}
-
-impl Sink for std::sync::mpsc::Sender<Event> {
-    fn send(&mut self, ev: Event) -> bool {
-        std::sync::mpsc::Sender::send(self, ev).is_ok()
-    }
-}
-
 pub(super) struct Job {
     pub(super) req: Request,
-    pub(super) sink: Box<dyn Sink>,
-    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) channel: Arc<Channel>,
     pub(super) submitted: Instant,
 }
 
 pub(super) struct State {
     pub(super) queue: FairQueue<Job>,
-    /// The request being answered: its id and cancel flag.
-    pub(super) running: Option<(String, Arc<AtomicBool>)>,
+    /// The request being answered: its id and its ticket's channel.
+    pub(super) running: Option<(String, Arc<Channel>)>,
     pub(super) closed: bool,
 }
 
@@ -130,6 +118,8 @@ pub(super) struct Shared {
     pub(super) busy: AtomicBool,
     /// Most bytes of user text in one request (changed by a reload).
     pub(super) max_prompt_bytes: AtomicUsize,
+    /// Events a ticket holds before the worker waits for its reader.
+    ticket_capacity: usize,
 }
 
 impl Shared {
@@ -154,6 +144,21 @@ impl Shared {
         let ms = self.epoch.elapsed().as_millis() as u64;
         self.progress_ms.store(ms, Ordering::Relaxed);
     }
+
+    /// Takes the request of `channel` out of the queue if it is still waiting (it was
+    /// cancelled). Returns whether it was there.
+    pub(super) fn dequeue(&self, channel: &Arc<Channel>) -> bool {
+        let found = self
+            .lock()
+            .queue
+            .remove_first(|j| Arc::ptr_eq(&j.channel, channel))
+            .is_some();
+        if found {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            self.changed();
+        }
+        found
+    }
 }
 
 /// A front end's way into the service.
@@ -162,37 +167,19 @@ pub struct Handle {
     shared: Arc<Shared>,
 }
 
-/// A queued request: its id, and a way to cancel it.
-#[derive(Clone, Debug)]
-pub struct Ticket {
-    pub id: String,
-    cancel: Arc<AtomicBool>,
-}
-
-impl Ticket {
-    /// Cancels the request: a waiting one is answered `cancelled` when its turn comes, a
-    /// running one stops at the next token with finish reason `cancelled`.
-    pub fn cancel(&self) {
-        self.cancel.store(true, Ordering::Relaxed);
-    }
-}
-
 impl Handle {
-    /// Queues `req`; its events go to `sink`. Refused at once (nothing is sent to `sink`) when
-    /// the queue or the source's share of it is full (`busy`), the id or the prompt fails
-    /// [`check`](super::check) (`bad_request`), or the service has stopped (`cancelled`).
-    pub fn submit(&self, req: Request, sink: Box<dyn Sink>) -> Result<Ticket, ServiceError> {
+    /// Queues `req` and returns its [`Ticket`]: its events, and the way to cancel it.
+    /// Refused at once when the queue or the source's share of it is full (`busy`), the id
+    /// or the prompt fails [`check`](super::check) (`bad_request`), or the service has stopped
+    /// (`cancelled`).
+    pub fn submit(&self, req: Request) -> Result<Ticket, ServiceError> {
         super::check(&req)?;
-        let cancel = Arc::new(AtomicBool::new(false));
-        let ticket = Ticket {
-            id: req.id.clone(),
-            cancel: Arc::clone(&cancel),
-        };
+        let channel = Channel::new(self.shared.ticket_capacity);
+        let id = req.id.clone();
         let source = req.source.clone();
         let job = Job {
             req,
-            sink,
-            cancel,
+            channel: Arc::clone(&channel),
             submitted: Instant::now(),
         };
         let c = &self.shared.counters;
@@ -209,7 +196,7 @@ impl Handle {
                 c.accepted.fetch_add(1, Ordering::Relaxed);
                 self.shared.wake.notify_all();
                 self.shared.changed();
-                Ok(ticket)
+                Ok(Ticket::new(id, channel, Arc::clone(&self.shared)))
             }
             Err((full, _)) => {
                 c.busy.fetch_add(1, Ordering::Relaxed);
@@ -224,32 +211,6 @@ impl Handle {
                 Err(ServiceError::new(ErrorCode::Busy, message))
             }
         }
-    }
-
-    /// Cancels request `id`, waiting or running. A waiting one is taken out of the queue and
-    /// answered `cancelled` at once, through its sink, on the calling thread: an async front
-    /// end calls this off its runtime (the sink may block). Returns whether it was found.
-    pub fn cancel(&self, id: &str) -> bool {
-        let mut st = self.shared.lock();
-        if let Some((rid, flag)) = &st.running
-            && rid == id
-        {
-            flag.store(true, Ordering::Relaxed);
-            return true;
-        }
-        let Some(mut job) = st.queue.remove_first(|j| j.req.id == id) else {
-            return false;
-        };
-        drop(st);
-        self.shared
-            .counters
-            .cancelled
-            .fetch_add(1, Ordering::Relaxed);
-        job.sink.send(Event::Error(ServiceError::new(
-            ErrorCode::Cancelled,
-            "cancelled before its answer started",
-        )));
-        true
     }
 
     /// New bounds for the requests to come (a reload): queue depth, per-source share, prompt
@@ -322,9 +283,9 @@ impl Service {
         recorder: impl FnOnce() -> Option<Box<dyn Recorder>>,
     ) -> Result<Service, ServiceError> {
         let sessions = match &cfg.sessions {
-            Sessions::None => Store::None(engine.new_session()),
-            Sessions::File(path) => Store::File(SessionFile::open(&mut engine, path)?),
-            Sessions::Store(sc) => Store::Dir(
+            Sessions::None => OpenSessions::Scratch(engine.new_session()),
+            Sessions::File(path) => OpenSessions::File(SessionFile::open(&mut engine, path)?),
+            Sessions::Dir(sc) => OpenSessions::Dir(
                 SessionStore::open(&engine, sc.clone())?,
                 engine.new_session(),
             ),
@@ -374,11 +335,13 @@ impl Service {
             progress_ms: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             max_prompt_bytes: AtomicUsize::new(cfg.max_prompt_bytes),
+            ticket_capacity: cfg.ticket_capacity,
         });
         let mut worker = Worker {
             engine,
             template,
             sessions,
+            #[cfg(feature = "test-hooks")]
             test_stall: cfg.test_stall,
             recorder,
             shared: Arc::clone(&shared),
@@ -419,9 +382,9 @@ impl Service {
             st.queue.drain().collect()
         };
         shared.wake.notify_all();
-        for mut job in waiting {
+        for job in waiting {
             shared.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-            job.sink.send(Event::Error(ServiceError::new(
+            job.channel.end(Event::Error(ServiceError::new(
                 ErrorCode::Cancelled,
                 "the service stopped before this request started",
             )));
@@ -431,9 +394,9 @@ impl Service {
         while st.running.is_some() {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                if let Some((id, flag)) = &st.running {
+                if let Some((id, channel)) = &st.running {
                     tracing::warn!(request = %id, "cancelling the answer in progress to stop");
-                    flag.store(true, Ordering::Relaxed);
+                    channel.cancel();
                 }
                 break;
             }

@@ -1,5 +1,6 @@
 use super::*;
-use crate::service::{Timings, Usage};
+use crate::service::{Done, FinishReason, Timings, Usage};
+use serde_json::json;
 
 fn limits() -> Limits {
     Limits {
@@ -285,4 +286,124 @@ fn answers_have_the_documented_shape() {
     );
     let v: Value = serde_json::from_slice(&error_json(None, &e)).unwrap();
     assert_eq!(v["id"], Value::Null);
+}
+
+#[test]
+fn a_request_a_client_builds_is_the_request_the_daemon_parses() {
+    let body = RequestBody {
+        id: Some("ask-1".into()),
+        system: Some("Be brief.".into()),
+        session: Some("shift-a".into()),
+        max_tokens: Some(16),
+        temperature: Some(0.5),
+        stream: true,
+        ..RequestBody::prompt("Status?")
+    };
+    let json: Value = serde_json::from_slice(&body.to_json()).unwrap();
+    // What is not set is not sent: the daemon's defaults apply.
+    assert_eq!(
+        json,
+        json!({"id": "ask-1", "prompt": "Status?", "system": "Be brief.", "session": "shift-a",
+               "max_tokens": 16, "temperature": 0.5, "stream": true})
+    );
+    let p = parse_request(
+        &body.to_json(),
+        Origin::Device,
+        "cli",
+        || unreachable!(),
+        &limits(),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(p.request.id, "ask-1");
+    assert_eq!(p.request.max_tokens, 16);
+    assert_eq!(
+        p.request.session.as_ref().map(|s| s.as_str()),
+        Some("shift-a")
+    );
+    assert_eq!(p.request.sampling.temperature, 0.5);
+    assert!(p.stream);
+}
+
+#[test]
+fn every_message_the_daemon_publishes_reads_back_as_what_it_said() {
+    assert_eq!(
+        parse_reply(&chunk_json("r1", 3, "hé")).unwrap(),
+        Reply::Chunk(Chunk {
+            id: "r1".into(),
+            seq: 3,
+            delta: "hé".into()
+        })
+    );
+    let d = Done {
+        id: "r1".into(),
+        text: "hello".into(),
+        finish_reason: FinishReason::Timeout,
+        usage: Usage {
+            prompt_tokens: 4,
+            completion_tokens: 2,
+            restored_tokens: 1,
+        },
+        timings: Timings {
+            queue_ms: 0.5,
+            ttft_ms: 20.0,
+            decode_tps: 30.0,
+            ..Default::default()
+        },
+        prompt_ids: vec![],
+        generated_ids: vec![],
+        top_logits: vec![],
+        truncated_tokens: 0,
+        session: None,
+    };
+    match parse_reply(&done_json(&d)).unwrap() {
+        Reply::Final(f) => {
+            assert_eq!(
+                (f.id.as_str(), f.text.as_str(), f.finish_reason.as_str()),
+                ("r1", "hello", "timeout")
+            );
+            assert_eq!(f.usage, d.usage);
+            assert_eq!(
+                f.timings,
+                FinalTimings {
+                    queue_ms: 0.5,
+                    ttft_ms: 20.0,
+                    decode_tps: 30.0
+                }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = ServiceError::new(ErrorCode::Busy, "busy");
+    assert_eq!(
+        parse_reply(&error_json(None, &e)).unwrap(),
+        Reply::Error {
+            id: None,
+            error: e.clone()
+        }
+    );
+    assert_eq!(
+        parse_reply(&error_json(Some("r2"), &e)).unwrap().id(),
+        Some("r2")
+    );
+}
+
+#[test]
+fn a_reply_that_is_not_the_contracts_is_an_error_not_a_panic() {
+    for bad in [
+        &b""[..],
+        b"null",
+        b"[1,2]",
+        b"{\"done\": false, \"id\": \"r\"}",
+        b"{\"done\": true, \"id\": \"r\", \"text\": \"x\"}",
+        b"{\"id\": \"r\", \"seq\": 0, \"delta\": \"x\"}",
+        b"{\"done\": true, \"error\": {\"code\": \"nonsense\", \"message\": \"\"}}",
+        &[0xff, 0xfe, b'{'],
+    ] {
+        assert!(
+            parse_reply(bad).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
 }

@@ -368,15 +368,7 @@ impl FrameCore {
         let _ = p.push(state);
         let _ = p.push(s.running as u8);
         let _ = p.extend_from_slice(&(s.queue.min(u16::MAX as usize) as u16).to_le_bytes());
-        for n in [
-            s.answered,
-            s.failed,
-            s.busy,
-            s.uptime_s,
-            s.port_requests,
-            s.port_bad_input,
-            s.port_checksum_errors,
-        ] {
+        for (_, n) in s.counters() {
             let _ = p.extend_from_slice(&(n.min(u32::MAX as u64) as u32).to_le_bytes());
         }
         let room = self.cfg.max_payload - p.len();

@@ -1,6 +1,6 @@
 use super::*;
 use crate::serial::core::MemEnv;
-use crate::service::{Chunk, Done, Timings, Usage};
+use crate::service::{Chunk, Done, ErrorCode, Timings, Usage};
 
 fn core() -> LineCore {
     LineCore::new(LineConfig {
@@ -162,8 +162,17 @@ fn a_second_request_while_one_runs_is_busy_and_read_only_commands_still_answer()
     assert!(r.starts_with("ERR busy "), "{r}");
     assert_eq!(env.submitted.len(), 1);
     assert_eq!(send(&mut c, &mut env, "PING\n"), "OK PONG\r\n");
+    env.status.state = "busy";
+    env.status.model = "m".into();
+    env.status.answered = 4;
+    env.status.port_checksum_errors = 2;
     let s = send(&mut c, &mut env, "STATUS\n");
-    assert!(s.contains(" this_port=running"), "{s}");
+    // Every field docs/serial.md lists, in its order.
+    assert_eq!(
+        s,
+        "OK state=busy model=m queue=0 running=no answered=4 failed=0 busy=0 uptime_s=0 \
+         port_requests=0 port_bad_input=0 port_checksum_errors=2 this_port=running\r\n"
+    );
     assert_eq!(send(&mut c, &mut env, "CANCEL\n"), "OK CANCELLING\r\n");
     assert_eq!(env.cancels, 1);
     c.on_event(done(FinishReason::Cancelled, "par"), &mut env);

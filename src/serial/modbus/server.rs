@@ -1,8 +1,9 @@
 //! The Modbus servers: tokio-modbus over a serial port (RTU) and over TCP, both around one
 //! [`Mailbox`] each, both feeding the service.
 //!
-//! The service's events reach the mailbox through a [`Sink`] that locks it (a `std` mutex:
-//! the worker thread holds it for one small update, the runtime for one register access).
+//! A request's [`Ticket`] is read by a task of its own, which puts each event into the mailbox
+//! (a `std` mutex, held for one small update or one register access). A master that polls
+//! slowly never holds up the engine: the task keeps the ticket drained.
 //!
 //! Unit ids. RTU: only requests for the configured unit id are answered; any other (the
 //! broadcast address 0 included: a broadcast must not trigger a prompt on every appliance of a
@@ -19,8 +20,7 @@
 use super::map::{Exception, Mailbox, MailboxConfig, Written};
 use super::tcp_guard::{Guarded, tcp_unit_served};
 use crate::serial::stats::{Count, PortState, PortStats};
-use crate::service::worker::Sink;
-use crate::service::{Event, Handle, Ticket};
+use crate::service::{Canceller, Handle, Ticket};
 use std::future::{Ready, ready};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -84,7 +84,8 @@ struct Shared {
     map: Arc<Mutex<Mailbox>>,
     handle: Handle,
     stats: Arc<PortStats>,
-    ticket: Mutex<Option<Ticket>>,
+    /// Cancels the mailbox's request while it runs.
+    cancel: Mutex<Option<Canceller>>,
     timeout: Option<Duration>,
     /// Where the heartbeat's last whole second fell.
     beat: Mutex<Instant>,
@@ -143,7 +144,7 @@ impl Shared {
             map: Arc::new(Mutex::new(map)),
             handle,
             stats,
-            ticket: Mutex::new(None),
+            cancel: Mutex::new(None),
             timeout: cfg.timeout,
             beat: Mutex::new(Instant::now()),
         })
@@ -227,9 +228,8 @@ impl Shared {
                 Ok(())
             }
             Written::Cancel => {
-                // The ticket only raises a flag: safe on the runtime thread.
-                if let Some(t) = lock(&self.ticket).as_ref() {
-                    t.cancel();
+                if let Some(c) = lock(&self.cancel).as_ref() {
+                    c.cancel();
                 }
                 Ok(())
             }
@@ -237,15 +237,12 @@ impl Shared {
                 let mut req = *req;
                 req.source = source.to_owned();
                 req.deadline = self.timeout.map(|t| Instant::now() + t);
-                let sink = MapSink {
-                    map: Arc::clone(&self.map),
-                    id: req.id.clone(),
-                };
                 tracing::info!(id = %req.id, source, "Modbus request");
                 self.stats.bump(Count::Requests);
-                match self.handle.submit(req, Box::new(sink)) {
+                match self.handle.submit(req) {
                     Ok(t) => {
-                        *lock(&self.ticket) = Some(t);
+                        *lock(&self.cancel) = Some(t.canceller());
+                        tokio::spawn(into_mailbox(t, Arc::clone(&self.map)));
                         Ok(())
                     }
                     Err(e) => {
@@ -258,15 +255,13 @@ impl Shared {
     }
 }
 
-/// Where a request's events go: into its mailbox, if it is still the mailbox's request.
-struct MapSink {
-    map: Arc<Mutex<Mailbox>>,
-    id: String,
-}
-
-impl Sink for MapSink {
-    fn send(&mut self, ev: Event) -> bool {
-        lock(&self.map).on_event(&self.id, ev)
+/// Reads a request's events into its mailbox while it is still the mailbox's request; once
+/// it is not (a newer request took its place), the ticket is dropped, which cancels it.
+async fn into_mailbox(mut t: Ticket, map: Arc<Mutex<Mailbox>>) {
+    while let Some(ev) = t.recv().await {
+        if !lock(&map).on_event(t.id(), ev) {
+            break;
+        }
     }
 }
 
