@@ -346,13 +346,21 @@ impl<A: Clone> Core<A> {
             );
             return Vec::new();
         }
-        self.acks.ready(r.slot, r.ack).into_iter().map(Action::Ack).collect()
+        self.acks
+            .ready(r.slot, r.ack)
+            .into_iter()
+            .map(Action::Ack)
+            .collect()
     }
 
     /// A delivery acknowledged as soon as those before it are.
     fn ack_now(&mut self, ack: A) -> Vec<Action<A>> {
         let slot = self.acks.arrive(self.epoch);
-        self.acks.ready(slot, ack).into_iter().map(Action::Ack).collect()
+        self.acks
+            .ready(slot, ack)
+            .into_iter()
+            .map(Action::Ack)
+            .collect()
     }
 
     /// The final message of `token`: its journal entry and its publish.

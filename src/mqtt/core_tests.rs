@@ -270,7 +270,13 @@ fn a_cancel_reaches_every_request_in_flight_with_its_id_and_is_acknowledged_afte
     assert!(c.on_published(b).is_empty(), "b waits for a");
     final_of(c.on_event(a, done("r1", "z")));
     match c.on_published(a).as_slice() {
-        [Action::Ack(1), Action::Ack(2), Action::Ack(3), Action::Ack(4), Action::Ack(5)] => {}
+        [
+            Action::Ack(1),
+            Action::Ack(2),
+            Action::Ack(3),
+            Action::Ack(4),
+            Action::Ack(5),
+        ] => {}
         other => panic!("{other:?}"),
     }
 }
