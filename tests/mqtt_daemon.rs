@@ -223,26 +223,23 @@ fn systemd_hears_ready_then_watchdog_pings() {
     assert_eq!(pings, 3, "{}", d.log_text());
 }
 
-#[test]
-fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
-    // The 3.1.1 listener is the next port: find a pair that is free.
-    let port = common::mqtt::free_ports(2);
+/// The daemon on its embedded broker (MQTT 5 on `port`, 3.1.1 on the next), with `extra`
+/// TOML after the model table's ctx and threads.
+fn serve_embedded(port: u16, ctx: u32, extra: &str) -> (tempfile::TempDir, Daemon) {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("edgellm.toml");
     std::fs::write(
         &conf,
-        format!("[mqtt]\nbroker = \"embedded\"\nembedded_port = {port}\ndevice = \"{DEVICE}\"\n[model]\nctx = 256\nthreads = 1\n"),
+        format!("[mqtt]\nbroker = \"embedded\"\nembedded_port = {port}\ndevice = \"{DEVICE}\"\n[model]\nctx = {ctx}\nthreads = 1\n{extra}"),
     )
     .unwrap();
     let m = model();
-    let _d = Daemon::start(&["--config", conf.to_str().unwrap(), "--model", &m], &[]);
-    let answer = json_of(&ask(port, &["-n", "4", "--json", "Hi"]));
-    assert_eq!(answer["done"], true, "{answer}");
+    let d = Daemon::start(&["--config", conf.to_str().unwrap(), "--model", &m], &[]);
+    (dir, d)
+}
 
-    // A 3.1.1 client: no response topic, so the answer goes to response/{id}.
-    let v311 = port + 1;
-    let sub =
-        common::mqtt::subscribe_v311(v311, &format!("edgellm/{DEVICE}/response/old-1"), 1, 60);
+/// `mosquitto_pub` as an MQTT 3.1.1 client, QoS 1, to this device's `topic`.
+fn publish_v311(port: u16, topic: &str, payload: &str) {
     let st = std::process::Command::new("mosquitto_pub")
         .args([
             "-V",
@@ -250,19 +247,33 @@ fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
             "-h",
             "127.0.0.1",
             "-p",
-            &v311.to_string(),
+            &port.to_string(),
             "-q",
             "1",
         ])
-        .args([
-            "-t",
-            &format!("edgellm/{DEVICE}/request"),
-            "-m",
-            r#"{"id":"old-1","prompt":"Hi","max_tokens":4}"#,
-        ])
+        .args(["-t", &format!("edgellm/{DEVICE}/{topic}"), "-m", payload])
         .status()
         .unwrap();
     assert!(st.success());
+}
+
+#[test]
+fn the_embedded_broker_serves_ask_on_mqtt_5_and_3_1_1_clients_too() {
+    // The 3.1.1 listener is the next port: find a pair that is free.
+    let port = common::mqtt::free_ports(2);
+    let (_dir, _d) = serve_embedded(port, 256, "");
+    let answer = json_of(&ask(port, &["-n", "4", "--json", "Hi"]));
+    assert_eq!(answer["done"], true, "{answer}");
+
+    // A 3.1.1 client: no response topic, so the answer goes to response/{id}.
+    let v311 = port + 1;
+    let sub =
+        common::mqtt::subscribe_v311(v311, &format!("edgellm/{DEVICE}/response/old-1"), 1, 60);
+    publish_v311(
+        v311,
+        "request",
+        r#"{"id":"old-1","prompt":"Hi","max_tokens":4}"#,
+    );
     let got = common::mqtt::collect(sub);
     let (_, payload) = got.first().expect("an answer to the 3.1.1 client");
     let v: Value = serde_json::from_str(payload).unwrap_or_else(|e| panic!("{e}: {payload:?}"));
@@ -464,41 +475,14 @@ fn a_daemon_on_mqtt_3_1_1_answers_the_same_on_its_response_topic() {
 fn a_cancel_through_the_embedded_broker_ends_the_answer_once() {
     let port = common::mqtt::free_ports(2);
     let v311 = port + 1;
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("edgellm.toml");
-    std::fs::write(
-        &conf,
-        format!("[mqtt]\nbroker = \"embedded\"\nembedded_port = {port}\ndevice = \"{DEVICE}\"\n[model]\nctx = 2048\nthreads = 1\n[limits]\nmax_tokens = 1900\n"),
-    )
-    .unwrap();
-    let m = model();
-    let d = Daemon::start(&["--config", conf.to_str().unwrap(), "--model", &m], &[]);
+    let (_dir, d) = serve_embedded(port, 2048, "[limits]\nmax_tokens = 1900\n");
     let sub =
         common::mqtt::subscribe_v311(v311, &format!("edgellm/{DEVICE}/response/c1"), 100_000, 12);
-    let request = br#"{"id":"c1","prompt":"Tell a very long story about a dragon.","max_tokens":1900,"stream":true}"#;
-    let pub311 = |topic: &str, payload: &[u8]| {
-        let st = std::process::Command::new("mosquitto_pub")
-            .args([
-                "-V",
-                "mqttv311",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &v311.to_string(),
-                "-q",
-                "1",
-            ])
-            .args(["-t", &format!("edgellm/{DEVICE}/{topic}")])
-            .arg("-m")
-            .arg(std::str::from_utf8(payload).unwrap())
-            .status()
-            .unwrap();
-        assert!(st.success());
-    };
-    pub311("request", request);
+    let request = r#"{"id":"c1","prompt":"Tell a very long story about a dragon.","max_tokens":1900,"stream":true}"#;
+    publish_v311(v311, "request", request);
     // Once the answer streams (a second of its ~6 s on one thread), cancel it.
     std::thread::sleep(Duration::from_millis(1000));
-    pub311("cancel", br#"{"id":"c1"}"#);
+    publish_v311(v311, "cancel", r#"{"id":"c1"}"#);
     let got = common::mqtt::collect(sub);
     let msgs: Vec<Value> = got
         .iter()

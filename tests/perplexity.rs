@@ -130,10 +130,10 @@ fn smollm2_perplexity_over_the_whole_text_is_llama_cpps_within_1_percent() {
     assert_within_1_percent(err, llama["ppl_err"].as_f64().unwrap(), "its error");
 }
 
-#[test]
-fn qwen_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
-    let model = qwen();
-    let llama = llama_run("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+/// `model`'s perplexity after the text's first two windows (255 positions scored in each)
+/// is llama-perplexity's running figure there, within 1 %.
+fn two_windows_agree(model: &Path, llama_file: &str, what: &str) {
+    let llama = llama_run(llama_file);
     let v = perplexity_json(&[
         "-m",
         model.to_str().unwrap(),
@@ -147,29 +147,20 @@ fn qwen_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
     assert_within_1_percent(
         v["ppl"].as_f64().unwrap(),
         llama["per_chunk"][1].as_f64().unwrap(),
-        "Qwen PPL after 2 windows",
+        &format!("{what} PPL after 2 windows"),
     );
 }
 
-/// Gemma 3's vocabulary (262,144 tokens, a BOS) and its K-quant mix, over two windows.
+#[test]
+fn qwen_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
+    two_windows_agree(&qwen(), "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "Qwen");
+}
+
+/// Gemma 3's vocabulary (262,144 tokens, a BOS) and its K-quant mix.
 #[test]
 fn gemma3_perplexity_over_two_windows_is_llama_cpps_within_1_percent() {
     let model = common::model_path("gemma3-270m");
-    let llama = llama_run("gemma-3-270m-q4_k_m.gguf");
-    let v = perplexity_json(&[
-        "-m",
-        model.to_str().unwrap(),
-        "-f",
-        text().to_str().unwrap(),
-        "--chunks",
-        "2",
-    ]);
-    assert_eq!(v["windows"], 2);
-    assert_within_1_percent(
-        v["ppl"].as_f64().unwrap(),
-        llama["per_chunk"][1].as_f64().unwrap(),
-        "Gemma 3 PPL after 2 windows",
-    );
+    two_windows_agree(&model, "gemma-3-270m-q4_k_m.gguf", "Gemma 3");
 }
 
 /// Q8_0's saved logits as the reference: Q4_0 (a requantization of Q4_1) diverges from them,
