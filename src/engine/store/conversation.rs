@@ -8,10 +8,11 @@
 //! body    = kind:u8 ...
 //!   1 turn     user_len:u32le user answer             one finished turn: appended when the
 //!                                                     answer is given, never before
-//!   2 replace  system_len:u32le system (0xFFFFFFFF: none) count:u32le
+//!   2 replace  turns:u64le system_len:u32le system (0xFFFFFFFF: none) count:u32le
 //!              count × (role_len:u16le role content_len:u32le content)
 //!                                                     the whole conversation (a client that
-//!                                                     sends `messages`, or a compaction)
+//!                                                     sends `messages`, or a compaction), and
+//!                                                     the turn count it goes on from
 //!   3 drop     n:u32le                                the oldest n messages left the context
 //! ```
 //!
@@ -26,6 +27,10 @@
 
 use crate::kv::snapshot::crc32c;
 use crate::tokenizer::ChatMessage;
+
+pub mod file;
+
+pub use file::{ConversationFile, Opened};
 
 /// The file's first bytes (format version 1).
 pub const MAGIC: [u8; 8] = *b"EDGLCNV1";
@@ -53,10 +58,12 @@ pub struct Conversation {
 pub enum Record {
     /// A finished turn: the user's message and the answer.
     Turn { user: String, answer: String },
-    /// The whole conversation, replacing what was there.
+    /// The whole conversation, replacing what was there; the turn count goes on from `turns`
+    /// (a turn number is never reused, whatever replaced the messages).
     Replace {
         system: Option<String>,
         messages: Vec<ChatMessage>,
+        turns: u64,
     },
     /// The oldest `n` messages left (the context was full; the system prompt stays).
     Drop(u32),
@@ -70,9 +77,14 @@ impl Conversation {
                 self.messages.push(ChatMessage::new("assistant", answer));
                 self.turns += 1;
             }
-            Record::Replace { system, messages } => {
+            Record::Replace {
+                system,
+                messages,
+                turns,
+            } => {
                 self.system = system;
                 self.messages = messages;
+                self.turns = turns;
             }
             Record::Drop(n) => {
                 let n = (n as usize).min(self.messages.len());
@@ -125,8 +137,13 @@ pub fn encode(r: &Record) -> Vec<u8> {
             body.extend_from_slice(user.as_bytes());
             body.extend_from_slice(answer.as_bytes());
         }
-        Record::Replace { system, messages } => {
+        Record::Replace {
+            system,
+            messages,
+            turns,
+        } => {
             body.push(KIND_REPLACE);
+            body.extend_from_slice(&turns.to_le_bytes());
             match system {
                 Some(s) => {
                     put_u32(&mut body, s.len());
@@ -221,6 +238,7 @@ fn parse(body: &[u8]) -> Option<Record> {
             Record::Turn { user, answer }
         }
         KIND_REPLACE => {
+            let turns = r.u64()?;
             let system = match r.u32()? {
                 NO_SYSTEM => None,
                 n => Some(r.text(n as usize)?),
@@ -237,7 +255,11 @@ fn parse(body: &[u8]) -> Option<Record> {
                 let n = r.u32()? as usize;
                 messages.push(ChatMessage::new(role, r.text(n)?));
             }
-            Record::Replace { system, messages }
+            Record::Replace {
+                system,
+                messages,
+                turns,
+            }
         }
         KIND_DROP => Record::Drop(r.u32()?),
         _ => return None,
@@ -265,6 +287,10 @@ impl Reader<'_> {
     fn u32(&mut self) -> Option<u32> {
         let b = self.take(4)?;
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let b: [u8; 8] = self.take(8)?.try_into().ok()?;
+        Some(u64::from_le_bytes(b))
     }
     fn text(&mut self, n: usize) -> Option<String> {
         String::from_utf8(self.take(n)?.to_vec()).ok()

@@ -18,6 +18,7 @@ fn three_turns() -> (Vec<u8>, Vec<usize>) {
         Record::Replace {
             system: Some("You are a maintenance assistant.".into()),
             messages: vec![],
+            turns: 0,
         },
         turn("My name is Ana.", "Hello Ana."),
         turn("The press is number 7.", "Noted: press 7."),
@@ -107,6 +108,7 @@ fn hostile_lengths_and_counts_are_refused_without_allocating_them() {
     ));
     // A replace that claims a billion messages, checksummed as if it were honest.
     let mut body = vec![KIND_REPLACE];
+    body.extend_from_slice(&0u64.to_le_bytes());
     body.extend_from_slice(&NO_SYSTEM.to_le_bytes());
     body.extend_from_slice(&1_000_000_000u32.to_le_bytes());
     let mut log = header().to_vec();
@@ -149,8 +151,10 @@ fn a_replace_and_a_drop_reshape_the_conversation_and_keep_the_turn_count() {
     log.extend_from_slice(&encode(&Record::Replace {
         system: None,
         messages,
+        turns: 3,
     }));
     log.extend_from_slice(&encode(&Record::Drop(99)));
+    log.extend_from_slice(&encode(&turn("Next.", "Turn 4.")));
     let c = decode(&log).unwrap().conversation;
-    assert_eq!((c.system, c.messages.len(), c.turns), (None, 0, 3));
+    assert_eq!((c.system, c.messages.len(), c.turns), (None, 2, 4));
 }
