@@ -18,6 +18,7 @@
 //! failure to read or write flash fails a request: it is logged, counted in [`StoreStatus`],
 //! and the answer is computed from what is left.
 
+pub mod conversation;
 mod id;
 mod prefix;
 mod restore;

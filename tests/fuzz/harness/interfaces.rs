@@ -53,6 +53,9 @@ pub fn mqtt_request(data: &[u8]) {
             let chunk = contract::chunk_json(&r.id, 1, &text(payload, 64));
             let v: serde_json::Value = serde_json::from_slice(&chunk).expect("chunk JSON");
             assert_eq!(v["id"].as_str(), Some(r.id.as_str()));
+            // What `edgellm ask` reads back is what the daemon wrote.
+            let back = contract::parse_reply(&chunk).expect("a chunk reads back");
+            assert!(matches!(back, contract::Reply::Chunk(_)) && back.id() == Some(&*r.id));
         }
         Err(refused) => {
             assert!(refused.id.as_deref().is_none_or(contract::valid_id));
@@ -62,11 +65,16 @@ pub fn mqtt_request(data: &[u8]) {
                 v["error"]["message"].as_str(),
                 Some(&*refused.error.message)
             );
+            let back = contract::parse_reply(&out).expect("an error reads back");
+            assert_eq!(back.id(), refused.id.as_deref());
         }
     }
     if let Ok(id) = contract::parse_cancel(payload) {
         assert!(payload.len() <= 1024, "{id:?}");
     }
+    // The client's parser, on anything a broker may hand it: an answer or an error, never a
+    // panic.
+    let _ = contract::parse_reply(payload);
 }
 
 /// Whether the payload's JSON has an `id` string (then the id was not generated).
