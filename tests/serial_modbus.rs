@@ -677,3 +677,40 @@ fn a_socket_systemd_passes_serves_modbus_tcp_without_modbus_tcp_configured() {
     );
     assert!(activator.0.try_wait().unwrap().is_none(), "{text}");
 }
+
+/// `rs485 = true` reaches Modbus RTU ports too: the kernel's RS-485 mode is asked for when
+/// the port opens, and a port without it (here a pty: ENOTTY) is said once and still served.
+#[test]
+fn rs485_on_a_modbus_rtu_port_is_asked_for_and_a_pty_is_reported_once_and_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let cfg = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[serial]]\npath = \"{}\"\nmode = \"modbus\"\nunit_id = 7\nrs485 = true\n",
+            pty.a.display()
+        ),
+    )
+    .unwrap();
+    let m = model();
+    let c = cfg.to_str().unwrap().to_owned();
+    let d = Daemon::start(
+        &[
+            "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
+        ],
+        &[("EDGELLM_LOG", "info")],
+    );
+    d.wait_log(Duration::from_secs(30), |l| {
+        l.contains("Modbus RTU serving")
+    });
+    let status = rt().block_on(async {
+        let mut ctx = rtu_master(&pty.b, 7).await;
+        op(ctx.read_input_registers(map::STATUS, 3)).await
+    });
+    assert!(status.is_ok(), "the port serves: {status:?}");
+    let log = d.log_text();
+    let note = "RS-485 direction control is not available on this port";
+    assert_eq!(log.matches(note).count(), 1, "{log}");
+    assert!(log.contains("ENOTTY"), "the reason is named: {log}");
+}

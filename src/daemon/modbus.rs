@@ -47,6 +47,7 @@ pub fn start(
         let stats = Arc::new(PortStats::new(s.path.display().to_string(), "modbus"));
         let settings = RtuSettings {
             baud: s.baud,
+            rs485: s.rs485,
             // Modbus RTU is 8 data bits (the configuration's check holds it to that).
             data_bits: DataBits::Eight,
             parity: match s.parity {

@@ -158,9 +158,7 @@ impl Port {
             let _ = termios::tcflush(fd.as_fd(), termios::FlushArg::TCIFLUSH);
         }
         let rs485_note = if s.rs485 {
-            rs485::enable(fd.as_raw_fd())
-                .err()
-                .map(|e| format!("RS-485 direction control is not available on this port ({e}); the transceiver must switch by itself"))
+            rs485::enable(fd.as_raw_fd()).err().map(rs485::note)
         } else {
             None
         };
@@ -289,7 +287,7 @@ impl PathWatch {
 
 /// The kernel's RS-485 mode (`TIOCSRS485`). libc has the ioctl number but not the structure,
 /// so it is declared here as `<linux/serial.h>` has it.
-mod rs485 {
+pub(crate) mod rs485 {
     /// `struct serial_rs485`.
     #[repr(C)]
     #[derive(Default)]
@@ -307,6 +305,14 @@ mod rs485 {
     const SER_RS485_RTS_ON_SEND: u32 = 1 << 1;
 
     nix::ioctl_write_ptr_bad!(set_rs485, nix::libc::TIOCSRS485, SerialRs485);
+
+    /// What the log says of a port whose driver refused the mode.
+    pub fn note(e: nix::errno::Errno) -> String {
+        format!(
+            "RS-485 direction control is not available on this port ({e}); the transceiver \
+             must switch by itself"
+        )
+    }
 
     /// Turns the mode on; a pty answers `ENOTTY`.
     pub fn enable(fd: std::os::fd::RawFd) -> Result<(), nix::errno::Errno> {

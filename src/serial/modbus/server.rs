@@ -57,6 +57,8 @@ pub struct ModbusConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RtuSettings {
     pub baud: u32,
+    /// Drive an RS-485 transceiver's direction line (`TIOCSRS485`), as line and frame ports do.
+    pub rs485: bool,
     pub data_bits: DataBits,
     pub parity: Parity,
     pub stop_bits: StopBits,
@@ -347,6 +349,7 @@ pub async fn serve_rtu(
     let source = format!("modbus:{}", path.display());
     let mut backoff = BACKOFF_MIN;
     let mut opened_before = false;
+    let mut rs485_told = false;
     'reopen: loop {
         let port = match open(&path, &settings) {
             Ok(p) => p,
@@ -369,6 +372,16 @@ pub async fn serve_rtu(
         }
         opened_before = true;
         backoff = BACKOFF_MIN;
+        // A port without the mode (a pty, a UART driver without RS-485) is served as is, and
+        // said once, not at every reopen.
+        if settings.rs485
+            && let Err(e) =
+                crate::serial::port::rs485::enable(std::os::fd::AsRawFd::as_raw_fd(&port))
+            && !rs485_told
+        {
+            tracing::warn!(port = %path.display(), "{}", crate::serial::port::rs485::note(e));
+            rs485_told = true;
+        }
         stats.set_state(PortState::Open, None);
         tracing::info!(port = %path.display(), unit = cfg.unit_id, "Modbus RTU serving");
         // One server per run of good frames; a frame tokio-modbus cannot decode ends it, and
