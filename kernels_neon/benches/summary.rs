@@ -67,6 +67,76 @@ const SMOL_SHAPES: [(usize, usize); 3] = [
 /// q and output, attention k and v.
 const K_SHAPES: [(usize, usize); 4] = [(8960, 1536), (1536, 8960), (1536, 1536), (256, 1536)];
 
+/// Prompt tokens per matrix-matrix product (the engine's default chunk).
+const MATMUL_TOKENS: usize = 64;
+
+/// A prompt-processing row: multiply-accumulates per second of one matrix-matrix product of
+/// `MATMUL_TOKENS` tokens (hot weights: the tile's compute rate, not the memory's).
+struct MmRow {
+    kernel: &'static str,
+    path: String,
+    shape: (usize, usize),
+    secs: f64,
+}
+
+/// Every path's matrix-matrix product of `W` (file layout) and, with `P`, of the same weights
+/// packed.
+fn matmul_rows<W: WeightFormat, P: PackedWeightFormat<Row = W>>(
+    kernel: &'static str,
+    packed: bool,
+    (rows, cols): (usize, usize),
+    t: &Timing,
+    rows_out: &mut Vec<MmRow>,
+) {
+    let w: Vec<W> = weight_matrix(rows, cols, 300);
+    let nb = cols / W::BLOCK_LEN;
+    let x = f32_vec(cols * MATMUL_TOKENS, 400, 1.0);
+    let a: Vec<W::Activation> = x.chunks(cols).flat_map(quant::<W::Activation>).collect();
+    let mut out = vec![0.0f32; rows * MATMUL_TOKENS];
+    let mut pw = vec![P::default(); w.len() / PACK_ROWS];
+    pack_matrix(&w, nb, &mut pw);
+    for p in Path::available() {
+        let k = Kernels::for_path(p).unwrap();
+        if p == Path::Reference {
+            continue;
+        }
+        let (secs, path) = if packed {
+            let Some(pk) = P::table(k) else { continue };
+            let mm = P::matmul(pk);
+            (
+                t.time(|| {
+                    mm(
+                        black_box(&pw),
+                        black_box(&a),
+                        MATMUL_TOKENS,
+                        black_box(&mut out),
+                    )
+                }),
+                format!("{} packed", k.name()),
+            )
+        } else {
+            let mm = W::matmul(k);
+            (
+                t.time(|| {
+                    mm(
+                        black_box(&w),
+                        black_box(&a),
+                        MATMUL_TOKENS,
+                        black_box(&mut out),
+                    )
+                }),
+                k.name().to_string(),
+            )
+        };
+        rows_out.push(MmRow {
+            kernel,
+            path,
+            shape: (rows, cols),
+            secs,
+        });
+    }
+}
+
 /// The packed layout's rows: every path with packed products of `P`, on the same weights
 /// packed.
 fn packed_rows<P: PackedWeightFormat>(
@@ -261,6 +331,13 @@ fn main() {
     matvec_rows::<BlockQ6K>("matvec_q6_k_q8_k", k_shapes, None, &t, &mut rows);
     packed_rows::<BlockQ4Kx8>("matvec_q4_kx8_q8_k", k_shapes, &t, &mut rows);
     packed_rows::<BlockQ6Kx8>("matvec_q6_kx8_q8_k", k_shapes, &t, &mut rows);
+    let mut mm = Vec::new();
+    let mm_shape = if full { (1536, 1536) } else { (256, 1536) };
+    matmul_rows::<BlockQ4_0, BlockQ4_0x8>("matmul_q4_0x8_q8_0", true, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ4K, BlockQ4Kx8>("matmul_q4_k_q8_k", false, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ4K, BlockQ4Kx8>("matmul_q4_kx8_q8_k", true, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ6K, BlockQ6Kx8>("matmul_q6_k_q8_k", false, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ6K, BlockQ6Kx8>("matmul_q6_kx8_q8_k", true, mm_shape, &t, &mut mm);
     let (bw1_after, bwn_after) = probe();
     let (bw1, bwn) = (bw1_before.max(bw1_after), bwn_before.max(bwn_after));
 
@@ -318,6 +395,21 @@ fn main() {
             r.gbps(),
             100.0 * r.gbps() * 1e9 / bw1,
             vs
+        );
+    }
+    println!();
+    println!(
+        "| kernel | path | rows x cols x tokens | µs/call | GMAC/s |\n|---|---|---|---:|---:|"
+    );
+    for r in &mm {
+        println!(
+            "| {} | {} | {}x{}x{MATMUL_TOKENS} | {:.1} | {:.1} |",
+            r.kernel,
+            r.path,
+            r.shape.0,
+            r.shape.1,
+            r.secs * 1e6,
+            (r.shape.0 * r.shape.1 * MATMUL_TOKENS) as f64 / r.secs / 1e9
         );
     }
     println!();

@@ -15,6 +15,44 @@ pub fn prefetch<T>(data: &[T], max_bytes: usize) {
     }
 }
 
+/// How far ahead of the block being read [`prefetch_ahead`] asks for a packed matrix's blocks.
+const AHEAD_BYTES: usize = 8192;
+
+/// Prefetches the block about [`AHEAD_BYTES`] past block `i` of `w` (nothing past its end):
+/// for the packed K-quant products, whose reads within a block jump back and forth, so that
+/// the hardware's stream detection alone leaves them waiting on memory (packed Q6_K decoded at
+/// a fifth of the read bandwidth without it on Zen 5).
+#[inline]
+pub(crate) fn prefetch_ahead<P>(w: &[P], i: usize) {
+    let ahead = (AHEAD_BYTES / std::mem::size_of::<P>().max(1)).max(1);
+    if let Some(block) = w.get(i + ahead) {
+        // Into L1 (the block is read within a few microseconds: 8 KiB is well inside L1),
+        // which measured ahead of L2 here.
+        let p = (block as *const P).cast::<u8>();
+        for off in line_offsets(std::slice::from_ref(block), usize::MAX) {
+            line_l1(p.wrapping_add(off));
+        }
+    }
+}
+
+#[inline(always)]
+fn line_l1(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it reads and writes no memory and never faults, whatever
+    // the address (SSE is part of x86_64's baseline).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is a hint: it reads and writes no memory and never faults, whatever the
+    // address.
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
 /// The byte offsets [`prefetch`] hints in `data` capped at `max_bytes`: one per line from 0,
 /// each inside the slice and the cap. The only logic of a prefetch, apart so that a test can
 /// see it (the hint itself is invisible to a program).

@@ -60,12 +60,24 @@ impl Formats {
         k_quants: true,
     };
 
-    /// The formats `k` has packed products for (the K-quants only with [`PACK_K_ENV`]` = 1`).
+    /// The formats `k` has packed products for. The K-quants are packed on every path but the
+    /// portable one, whose packed prompt products are slower than its file-layout ones (the
+    /// results are the same bits either way); [`PACK_K_ENV`] `= 0` or `1` decides instead.
     pub fn of(k: &kernels_neon::Kernels) -> Formats {
+        Self::with_switch(k, std::env::var_os(PACK_K_ENV).as_deref())
+    }
+
+    /// [`Formats::of`] with [`PACK_K_ENV`]'s value given.
+    fn with_switch(k: &kernels_neon::Kernels, switch: Option<&std::ffi::OsStr>) -> Formats {
+        let k_default = k.path != kernels_neon::Path::Portable;
         Formats {
             legacy: k.packed.is_some(),
             k_quants: k.packed_k.is_some()
-                && std::env::var_os(PACK_K_ENV).is_some_and(|v| v == "1"),
+                && match switch {
+                    Some(v) if v == "1" => true,
+                    Some(v) if v == "0" => false,
+                    _ => k_default,
+                },
         }
     }
 
@@ -363,9 +375,9 @@ impl Packed {
     }
 }
 
-/// `EDGELLM_PACK_K=1` packs K-quant matrices too (off by default: on a Zen 4 VM the packed
-/// Q6_K product still decodes the 1.5B Q4_K_M model slower than the file's layout, whose
-/// products are bit-identical, so the switch changes speed only).
+/// `EDGELLM_PACK_K=0` leaves K-quant matrices in the file's layout, `1` packs them even on the
+/// portable path (for A/B runs: the products are bit-identical, so the switch changes speed
+/// and memory only).
 pub const PACK_K_ENV: &str = "EDGELLM_PACK_K";
 
 /// `EDGELLM_HUGEPAGES=0` leaves the packed weights on normal pages (for A/B runs, or a device
@@ -412,7 +424,30 @@ pub fn packed_row_f32<P: PackedFormat>(w: &[P], nb: usize, r: usize, out: &mut [
 
 #[cfg(test)]
 mod tests {
-    use super::{fits, mem_available};
+    use super::{Formats, fits, mem_available};
+    use kernels_neon::{Kernels, Path};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn k_quants_are_packed_by_default_on_every_path_with_fast_packed_products() {
+        for p in Path::available() {
+            let k = Kernels::for_path(p).unwrap();
+            let has = k.packed_k.is_some();
+            let default = Formats::with_switch(k, None).k_quants;
+            assert_eq!(default, has && p != Path::Portable, "{p}: default");
+            assert_eq!(
+                Formats::with_switch(k, Some(OsStr::new("1"))).k_quants,
+                has,
+                "{p}: 1"
+            );
+            assert!(
+                !Formats::with_switch(k, Some(OsStr::new("0"))).k_quants,
+                "{p}: 0"
+            );
+            let other = Formats::with_switch(k, Some(OsStr::new("yes"))).k_quants;
+            assert_eq!(other, default, "{p}: another value keeps the default");
+        }
+    }
 
     #[test]
     fn packing_needs_a_quarter_of_the_available_memory_to_spare() {

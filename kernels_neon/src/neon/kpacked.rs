@@ -16,6 +16,7 @@
 use super::fp16::{h2f_hi, h2f_lo, load_h8};
 use super::packed::sdot4;
 use crate::block::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, PACK_ROWS};
+use crate::hint::prefetch_ahead;
 use core::arch::aarch64::*;
 
 /// Tokens per tile of a matrix-matrix product: each granule's levels extracted once for them.
@@ -316,26 +317,32 @@ unsafe fn q6_sums<I: Isa, const T: usize>(p: &BlockQ6Kx8, ys: &[&BlockQ8K; T]) -
     }
 }
 
-/// Group `g` (blocks `wg`) × tokens `t0..t0 + T`, into `out` (`[row][tok]`).
+/// Group `g` (blocks `g · nb..` of `w`) × tokens `t0..t0 + T`, into `out` (`[row][tok]`).
 ///
 /// # Safety
-/// As [`Isa::dot`] for `I`; `a` holds `n_tok` tokens of `wg.len()` blocks, `out` the group's
-/// rows × `n_tok`.
+/// As [`Isa::dot`] for `I`; `w` holds group `g`, `a` `n_tok` tokens of `nb` blocks, `out` the
+/// group's rows × `n_tok`.
 #[inline(always)]
 unsafe fn tile<P: PkK, I: Isa, const T: usize>(
-    wg: &[P],
+    w: &[P],
+    nb: usize,
     a: &[BlockQ8K],
     n_tok: usize,
     g: usize,
     t0: usize,
     out: &mut [f32],
 ) {
-    let nb = wg.len();
     // SAFETY: baseline NEON register intrinsics, and `P::sums`, as the caller vouches for `I`.
     unsafe {
         let zero = vdupq_n_f32(0.0);
         let (mut acc, mut mins) = ([[zero; 2]; T], [[zero; 2]; T]);
+        let wg = &w[g * nb..(g + 1) * nb];
         for (b, p) in wg.iter().enumerate() {
+            if t0 == 0 {
+                // The first token tile streams the weights from memory, out of order within
+                // a block (as on x86).
+                prefetch_ahead(w, g * nb + b);
+            }
             let ys: [&BlockQ8K; T] = core::array::from_fn(|j| &a[(t0 + j) * nb + b]);
             let (sumi, off) = P::sums::<I, T>(p, &ys);
             let (d, dmin) = (P::d(p), P::dmin(p));
@@ -374,15 +381,14 @@ unsafe fn tile<P: PkK, I: Isa, const T: usize>(
 unsafe fn run<P: PkK, I: Isa>(w: &[P], a: &[BlockQ8K], nb: usize, n_tok: usize, out: &mut [f32]) {
     let groups = out.len() / n_tok / PACK_ROWS;
     for g in 0..groups {
-        let wg = &w[g * nb..(g + 1) * nb];
         let mut t = 0;
         // SAFETY (both calls): passed on from the caller.
         while t + TOKS <= n_tok {
-            unsafe { tile::<P, I, TOKS>(wg, a, n_tok, g, t, out) };
+            unsafe { tile::<P, I, TOKS>(w, nb, a, n_tok, g, t, out) };
             t += TOKS;
         }
         if t < n_tok {
-            unsafe { tile::<P, I, 1>(wg, a, n_tok, g, t, out) };
+            unsafe { tile::<P, I, 1>(w, nb, a, n_tok, g, t, out) };
         }
     }
 }

@@ -26,6 +26,7 @@
 use super::dot::{dpbusd, dpwssd};
 use super::simd::{load_ph, store_ps};
 use crate::block::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, PACK_ROWS};
+use crate::hint::prefetch_ahead;
 use std::arch::x86_64::*;
 
 /// Tokens per tile of a matrix-matrix product (one group of 8 rows): each granule's levels are
@@ -58,6 +59,18 @@ trait Isa {
     /// # Safety
     /// As [`Isa::scale`].
     unsafe fn madd_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// Two partial sums as one (together within [`Isa::flush_every`]'s granules).
+    ///
+    /// # Safety
+    /// As [`Isa::scale`].
+    unsafe fn add_parts(a: __m256i, b: __m256i) -> __m256i;
+}
+
+/// Independent partial sums per token and sub-block: one token alone would otherwise wait on
+/// one chain of products (`vpdpbusd`'s latency, not the memory, would bound a decode step);
+/// several tokens are chains enough.
+const fn chains(tokens: usize) -> usize {
+    if tokens == 1 { 2 } else { 1 }
 }
 
 /// The 32 bytes of a byte-shuffle mask taking `src[i]` (0..4, or 0x80 for a zero byte) of
@@ -153,6 +166,11 @@ impl Isa for Avx2 {
         // SAFETY: avx2, as the caller guarantees.
         unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)) }
     }
+    #[inline(always)]
+    unsafe fn add_parts(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: avx2, as the caller guarantees.
+        unsafe { _mm256_add_epi16(a, b) }
+    }
 }
 
 /// AVX-512 VNNI: `vpdpbusd` into i32 lanes, `vpmulld` by the scale, `vpdpwssd` for the mins.
@@ -188,6 +206,11 @@ impl Isa for Vnni {
     unsafe fn madd_add(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: as `acc`.
         unsafe { dpwssd(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add_parts(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: avx2, as the caller guarantees.
+        unsafe { _mm256_add_epi32(a, b) }
     }
 }
 
@@ -288,8 +311,9 @@ unsafe fn q45_sums<I: Isa, const T: usize>(
                 I::scale(sc, (2 * p + 1) % 4, false),
             )
         };
-        let (mut plo, mut phi) = ([zero; T], [zero; T]);
+        let (mut plo, mut phi) = ([[zero; 2]; T], [[zero; 2]; T]);
         for c in 0..8 {
+            let ch = c % chains(T);
             let v = load32(qs, 32 * (8 * p + c));
             let mut lo = _mm256_and_si256(v, m4);
             let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
@@ -304,17 +328,25 @@ unsafe fn q45_sums<I: Isa, const T: usize>(
             }
             for t in 0..T {
                 unsafe {
-                    plo[t] = I::acc(plo[t], lo, y4(ys[t], 64 * p + 4 * c));
-                    phi[t] = I::acc(phi[t], hi, y4(ys[t], 64 * p + 32 + 4 * c));
+                    plo[t][ch] = I::acc(plo[t][ch], lo, y4(ys[t], 64 * p + 4 * c));
+                    phi[t][ch] = I::acc(phi[t][ch], hi, y4(ys[t], 64 * p + 32 + 4 * c));
                 }
             }
             if (c + 1) % every.min(8) == 0 {
                 for t in 0..T {
                     unsafe {
-                        sumi[t] = I::scale_add(sumi[t], plo[t], s_lo);
-                        sumi[t] = I::scale_add(sumi[t], phi[t], s_hi);
+                        let (lo, hi) = if chains(T) == 1 {
+                            (plo[t][0], phi[t][0])
+                        } else {
+                            (
+                                I::add_parts(plo[t][0], plo[t][1]),
+                                I::add_parts(phi[t][0], phi[t][1]),
+                            )
+                        };
+                        sumi[t] = I::scale_add(sumi[t], lo, s_lo);
+                        sumi[t] = I::scale_add(sumi[t], hi, s_hi);
                     }
-                    (plo[t], phi[t]) = (zero, zero);
+                    (plo[t], phi[t]) = ([zero; 2], [zero; 2]);
                 }
             }
         }
@@ -408,35 +440,43 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
     let mut sumi = [zero; T];
     for n in 0..2 {
         for h in 0..2 {
-            for k in 0..4 {
+            // The four sub-blocks `8n + 2k + h` (k = 0..4) share their granules of `qh` and,
+            // in pairs, of `ql`: loaded once, and four independent chains per token.
+            // SAFETY (every `I::` call of this function): passed on from the caller.
+            let s: [__m256i; 4] = std::array::from_fn(|k| {
                 let i = 8 * n + 2 * k + h;
-                // SAFETY (every `I::` call of this function): passed on from the caller.
-                let s = unsafe { I::scale(sc[i / 4], i % 4, true) };
-                let mut part = [zero; T];
-                for c in 0..4 {
-                    let l4 = 4 * h + c; // granule of l within the 32-value run
-                    let ql = load32(&p.ql, 32 * (16 * n + 8 * (k & 1) + l4));
-                    let qh = load32(&p.qh, 32 * (8 * n + l4));
-                    let lo = if k < 2 {
-                        _mm256_and_si256(ql, m4)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4)
-                    };
-                    let hb = match k {
-                        0 => qh,
-                        1 => _mm256_srli_epi16::<2>(qh),
-                        2 => _mm256_srli_epi16::<4>(qh),
-                        _ => _mm256_srli_epi16::<6>(qh),
-                    };
-                    let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m2)));
+                unsafe { I::scale(sc[i / 4], i % 4, true) }
+            });
+            let mut part = [[zero; T]; 4];
+            for c in 0..4 {
+                let l4 = 4 * h + c; // granule of l within the 32-value run
+                let ql0 = load32(&p.ql, 32 * (16 * n + l4));
+                let ql1 = load32(&p.ql, 32 * (16 * n + 8 + l4));
+                let qh = load32(&p.qh, 32 * (8 * n + l4));
+                let high = |hb: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m2));
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16::<2>(qh))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        high(_mm256_srli_epi16::<4>(qh)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        high(_mm256_srli_epi16::<6>(qh)),
+                    ),
+                ];
+                for k in 0..4 {
                     for t in 0..T {
                         let at = 128 * n + 32 * k + 4 * l4;
-                        unsafe { part[t] = I::acc(part[t], q, y4(ys[t], at)) };
+                        unsafe { part[k][t] = I::acc(part[k][t], q[k], y4(ys[t], at)) };
                     }
-                    if (c + 1) % every == 0 {
+                }
+                if (c + 1) % every == 0 {
+                    for k in 0..4 {
                         for t in 0..T {
-                            unsafe { sumi[t] = I::scale_add(sumi[t], part[t], s) };
-                            part[t] = zero;
+                            unsafe { sumi[t] = I::scale_add(sumi[t], part[k][t], s[k]) };
+                            part[k][t] = zero;
                         }
                     }
                 }
@@ -459,25 +499,31 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
     (sumi, off)
 }
 
-/// Group `g` (rows `8g..8g + 8`, blocks `wg`) × tokens `t0..t0 + T`, into `out` (`[row][tok]`).
+/// Group `g` (rows `8g..8g + 8`, blocks `g · nb..` of `w`) × tokens `t0..t0 + T`, into `out` (`[row][tok]`).
 ///
 /// # Safety
-/// As [`Isa::scale`] for `I`; `a` holds `n_tok` tokens of `wg.len()` blocks, `out` the
-/// group's rows × `n_tok`.
+/// As [`Isa::scale`] for `I`; `w` holds group `g`, `a` `n_tok` tokens of `nb` blocks, `out`
+/// the group's rows × `n_tok`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<P: PkK, I: Isa, const T: usize>(
-    wg: &[P],
+    w: &[P],
+    nb: usize,
     a: &[BlockQ8K],
     n_tok: usize,
     g: usize,
     t0: usize,
     out: &mut [f32],
 ) {
-    let nb = wg.len();
     let zero = _mm256_setzero_ps();
     let (mut acc, mut mins) = ([zero; T], [zero; T]);
+    let wg = &w[g * nb..(g + 1) * nb];
     for (b, p) in wg.iter().enumerate() {
+        if t0 == 0 {
+            // The first token tile streams the weights from memory: a block's granules are
+            // read out of order, which the hardware's stream detection follows poorly.
+            prefetch_ahead(w, g * nb + b);
+        }
         let ys: [&BlockQ8K; T] = std::array::from_fn(|j| &a[(t0 + j) * nb + b]);
         // SAFETY: passed on from the caller.
         let ((sumi, off), (d, dmin)) = unsafe { (P::sums::<I, T>(p, &ys), P::d(p)) };
@@ -510,19 +556,18 @@ unsafe fn tile<P: PkK, I: Isa, const T: usize>(
 unsafe fn run<P: PkK, I: Isa>(w: &[P], a: &[BlockQ8K], nb: usize, n_tok: usize, out: &mut [f32]) {
     let groups = out.len() / n_tok / PACK_ROWS;
     for g in 0..groups {
-        let wg = &w[g * nb..(g + 1) * nb];
         let mut t = 0;
         // SAFETY (every call): passed on from the caller.
         unsafe {
             while t + TOKS <= n_tok {
-                tile::<P, I, TOKS>(wg, a, n_tok, g, t, out);
+                tile::<P, I, TOKS>(w, nb, a, n_tok, g, t, out);
                 t += TOKS;
             }
             match n_tok - t {
                 0 => {}
-                1 => tile::<P, I, 1>(wg, a, n_tok, g, t, out),
-                2 => tile::<P, I, 2>(wg, a, n_tok, g, t, out),
-                _ => tile::<P, I, 3>(wg, a, n_tok, g, t, out),
+                1 => tile::<P, I, 1>(w, nb, a, n_tok, g, t, out),
+                2 => tile::<P, I, 2>(w, nb, a, n_tok, g, t, out),
+                _ => tile::<P, I, 3>(w, nb, a, n_tok, g, t, out),
             }
         }
     }
