@@ -60,8 +60,8 @@ fn run_state(m: &str, prompt: &str, dir: &str, session: &str) -> Value {
 }
 
 /// `run --state-dir`: the template's system prompt is computed by the first run only and
-/// restored from flash by every later one, for any session; a session continues from its file;
-/// the answers are those of runs without any state.
+/// restored from flash by every later one, for any session; a session's next turn continues
+/// its conversation from its file; first answers are those of runs without any state.
 #[test]
 fn a_state_directory_caches_the_system_prompt_and_continues_named_sessions() {
     let model = common::model_path("q4_0");
@@ -96,12 +96,15 @@ fn a_state_directory_caches_the_system_prompt_and_continues_named_sessions() {
     assert!(dir.path().join("sessions/plc-1.kv").is_file());
     assert!(dir.path().join("sessions/plc-2.kv").is_file());
 
-    // plc-1 again: its own file holds more of the prompt than the system prompt does.
+    // plc-1 again: the next turn of its conversation (the first question and answer, then
+    // this one), whose first turn its own file holds, past the system prompt.
     let again = run_state(m, q1, d, "plc-1");
     assert_eq!(again["session"]["source"]["from"], "file", "{again}");
     assert_eq!(again["session"]["prefix_tokens"], 0);
-    assert!(again["timings"]["restored_tokens"].as_u64().unwrap() > sys);
-    assert_eq!(again["generated_ids"], first["generated_ids"]);
+    assert_eq!(again["session"]["turn"], 2, "{again}");
+    let turn1 = first["timings"]["prompt_tokens"].as_u64().unwrap();
+    assert!(again["timings"]["restored_tokens"].as_u64().unwrap() >= turn1);
+    assert!(again["timings"]["prompt_tokens"].as_u64().unwrap() > turn1 + 2);
 
     // Names that are not plain file names are refused before anything is loaded.
     let out = Command::new(env!("CARGO_BIN_EXE_edgellm"))

@@ -39,6 +39,7 @@ fn answer(id: &str, text: &str) -> (Request, Event) {
             prompt_tokens: 3,
             completion_tokens: 2,
             restored_tokens: 0,
+            dropped_turns: 0,
         },
         timings: Timings::default(),
         prompt_ids: vec![1, 2, 3],

@@ -54,7 +54,8 @@ pub struct Args {
     /// The daemon's topic prefix.
     #[arg(long, default_value = "edgellm")]
     prefix: String,
-    /// A named session on the daemon (its KV cache is kept between questions).
+    /// A named session on the daemon: the question is the next turn of its conversation, which
+    /// the daemon keeps (every earlier question and answer is answered with it).
     #[arg(long)]
     session: Option<String>,
     /// A system prompt.

@@ -101,6 +101,8 @@ pub struct Args {
     #[arg(long, env = "EDGELLM_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// The session's name in --state-dir: 1-64 of A-Z a-z 0-9 _ - . (not starting with . or -).
+    /// With --chat the prompt is the next turn of the session's conversation
+    /// (sessions/<name>.conv): every earlier question and answer is answered with it.
     #[arg(long, requires = "state_dir", default_value = "default")]
     session: SessionId,
     /// Flash the state directory may use; past it the least recently saved sessions are

@@ -417,6 +417,10 @@ impl Config {
         if self.limits.max_sessions != other.limits.max_sessions {
             d.push("limits.max_sessions");
         }
+        // The worker is started with it.
+        if self.limits.context_full != other.limits.context_full {
+            d.push("limits.context_full");
+        }
         d
     }
 
@@ -429,6 +433,7 @@ impl Config {
             max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
             sessions: self.store_config().map_or(Sessions::None, Sessions::Dir),
             chat_template: self.model.chat_template.clone(),
+            context_full: l.context_full,
             ..ServiceConfig::default()
         }
     }

@@ -150,6 +150,9 @@ pub struct RequestBody {
     /// Send the answer as chunks before the final message.
     #[serde(default)]
     pub stream: bool,
+    /// With `session` and no prompt: forget the session (its conversation and its cache).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reset: bool,
 }
 
 impl RequestBody {
@@ -253,11 +256,18 @@ pub fn parse_request(
         None => (fresh_id(), true),
     };
     let bad = |msg: String| refuse(Some(id.clone()), ErrorCode::BadRequest, msg);
-    let prompt = match (wire.prompt, wire.messages) {
-        (Some(_), Some(_)) => return Err(bad("give prompt or messages, not both".into())),
-        (None, None) => return Err(bad("the request needs a prompt or messages".into())),
-        (Some(p), None) => Prompt::Chat(vec![ChatMessage::new("user", p)]),
-        (None, Some(m)) => Prompt::Chat(m),
+    // `prompt` continues a named session's conversation, `messages` replace it.
+    let replace = wire.messages.is_some();
+    let prompt = match (wire.prompt, wire.messages, wire.reset) {
+        (Some(_), Some(_), _) => return Err(bad("give prompt or messages, not both".into())),
+        (None, None, true) if wire.session.is_some() => Prompt::Forget,
+        (None, None, true) => return Err(bad("a reset needs the session to forget".into())),
+        (_, _, true) => return Err(bad("a reset has no prompt or messages".into())),
+        (None, None, false) => {
+            return Err(bad("the request needs a prompt or messages".into()));
+        }
+        (Some(p), None, false) => Prompt::Chat(vec![ChatMessage::new("user", p)]),
+        (None, Some(m), false) => Prompt::Chat(m),
     };
     let session = match wire.session {
         None => None,
@@ -293,6 +303,7 @@ pub fn parse_request(
     let mut request = Request::new(id, source, prompt);
     request.system = wire.system;
     request.session = session;
+    request.replace = replace;
     request.sampling = sampling;
     request.max_tokens = max_tokens;
     request.deadline = limits.timeout.map(|t| now + t);

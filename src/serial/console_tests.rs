@@ -38,6 +38,7 @@ fn done(finish: FinishReason) -> Event {
             prompt_tokens: 11,
             completion_tokens: 5,
             restored_tokens: 0,
+            dropped_turns: 0,
         },
         timings: Timings {
             decode_tps: 23.46,

@@ -1,6 +1,7 @@
 //! The worker thread's side of the service: take the next request, answer it in the right
 //! session, stream its text, end with `Done` or `Error`.
 
+use super::conversation::Turn;
 use super::prompt::{self, Built};
 use super::ticket::{Channel, Stop};
 use super::worker::{Job, Shared};
@@ -28,6 +29,7 @@ pub(super) struct Worker {
     pub(super) engine: Engine,
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: OpenSessions,
+    pub(super) context_full: super::ContextFull,
     #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
@@ -168,13 +170,27 @@ impl Worker {
         let model = Arc::clone(engine.model());
         let tok = &model.tokenizer;
         let n_ctx = engine.config().n_ctx;
-        let built = prompt::build(
-            tok,
-            self.template.as_ref(),
-            req,
-            n_ctx,
-            self.shared.max_prompt_bytes.load(Ordering::Relaxed),
-        )?;
+        let max_bytes = self.shared.max_prompt_bytes.load(Ordering::Relaxed);
+        // A chat in a named session goes on from the session's conversation.
+        let (built, turn) = match (&self.sessions, &req.session, &req.prompt) {
+            (OpenSessions::Dir(store, _), Some(id), super::Prompt::Chat(_)) => {
+                let (turn, built) = Turn::begin(
+                    &store.conversation_path(id),
+                    id,
+                    req,
+                    tok,
+                    self.template.as_ref(),
+                    n_ctx,
+                    max_bytes,
+                    self.context_full,
+                )?;
+                (built, Some(turn))
+            }
+            _ => {
+                let built = prompt::build(tok, self.template.as_ref(), req, n_ctx, max_bytes)?;
+                (built, None)
+            }
+        };
         let params = GenParams {
             max_tokens: req.max_tokens,
             top_logits: req.top_logits,
@@ -273,9 +289,17 @@ impl Worker {
             _ => 0,
         });
         let before_gen = ms(started, gen_start);
-        Ok(done(
+        let dropped_turns = turn.as_ref().map_or(0, Turn::dropped_turns);
+        let mut report = report;
+        if let (Some(turn), Some(id), Some(r)) = (turn, &req.session, report.as_mut()) {
+            // Logged (and synced) before the answer goes out: an acknowledged turn is kept.
+            r.turn = turn.finish(id, &text, finish);
+        }
+        let mut done = done(
             req, built, text, finish, out, recomputed, before_gen, report,
-        ))
+        );
+        done.usage.dropped_turns = dropped_turns;
+        Ok(done)
     }
 }
 
@@ -353,6 +377,7 @@ fn done(
             prompt_tokens: t.prompt_tokens + t.restored_tokens,
             completion_tokens: out.generated.len(),
             restored_tokens: t.restored_tokens - recomputed,
+            dropped_turns: 0,
         },
         timings: Timings {
             queue_ms: 0.0,

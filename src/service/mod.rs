@@ -22,11 +22,13 @@
 //! command-line flag: a PLC operator reads it on a panel, not in a shell.
 
 mod answer;
+pub mod conversation;
 pub mod prompt;
 pub mod queue;
 pub mod ticket;
 pub mod worker;
 
+pub use conversation::ContextFull;
 pub use ticket::{Canceller, Ticket};
 pub use worker::{Handle, Service, ServiceConfig, Sessions};
 
@@ -101,9 +103,13 @@ pub struct Request {
     pub prompt: Prompt,
     /// The system prompt of a chat (replaces the template's default one).
     pub system: Option<String>,
-    /// A named session of the state directory: its cached positions are reused and the turn
-    /// is saved to it.
+    /// A named session of the state directory: its conversation goes on with this request's
+    /// message (`service::conversation`), its cached positions are reused and the turn is saved
+    /// to it.
     pub session: Option<SessionId>,
+    /// With a session: the request's messages replace its conversation (MQTT `messages`)
+    /// rather than continue it (one message, from any front end).
+    pub replace: bool,
     pub sampling: SamplingParams,
     /// Most tokens to generate.
     pub max_tokens: usize,
@@ -141,6 +147,7 @@ impl Request {
             prompt,
             system: None,
             session: None,
+            replace: false,
             sampling: SamplingParams::default(),
             max_tokens: 128,
             top_logits: 0,
@@ -259,6 +266,13 @@ pub struct Usage {
     /// Of `prompt_tokens`, those taken from a session's cache (RAM or flash) instead of being
     /// computed: `prompt_tokens - restored_tokens` were computed.
     pub restored_tokens: usize,
+    /// Oldest turns of a session's conversation dropped so that it fits the context.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_turns: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Where the time went, in milliseconds.
@@ -317,6 +331,10 @@ pub struct SessionReport {
     pub status: Option<StoreStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<PrefixReport>,
+    /// The conversation's turn number this answer was kept as (none: not kept, see
+    /// `service::conversation`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
 }
 
 impl SessionReport {
@@ -337,6 +355,7 @@ impl SessionReport {
             tokens: turn.file_tokens,
             status: None,
             system_prompt: None,
+            turn: None,
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct ServiceConfig {
     pub sessions: Sessions,
     /// A chat template to use instead of the model's: a Jinja file, or a built-in name.
     pub chat_template: Option<PathBuf>,
+    /// What a session whose conversation outgrew the context does.
+    pub context_full: super::ContextFull,
     /// Events a [`Ticket`] holds before the worker waits for its reader
     /// ([`ticket::CAPACITY`](super::ticket::CAPACITY)).
     pub ticket_capacity: usize,
@@ -60,6 +62,7 @@ impl Default for ServiceConfig {
             max_prompt_bytes: 16 << 20,
             sessions: Sessions::None,
             chat_template: None,
+            context_full: super::ContextFull::Slide,
             ticket_capacity: super::ticket::CAPACITY,
             #[cfg(feature = "test-hooks")]
             test_stall: None,
@@ -341,6 +344,7 @@ impl Service {
             engine,
             template,
             sessions,
+            context_full: cfg.context_full,
             #[cfg(feature = "test-hooks")]
             test_stall: cfg.test_stall,
             recorder,

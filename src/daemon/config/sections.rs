@@ -336,6 +336,9 @@ pub struct LimitsConfig {
     pub per_source: usize,
     pub request_timeout_s: u64,
     pub max_sessions: usize,
+    /// A named session whose conversation outgrew the context: `slide` drops its oldest turns,
+    /// `refuse` answers `context_full`.
+    pub context_full: crate::service::ContextFull,
 }
 
 impl Default for LimitsConfig {
@@ -347,6 +350,7 @@ impl Default for LimitsConfig {
             per_source: 8,
             request_timeout_s: 120,
             max_sessions: 64,
+            context_full: crate::service::ContextFull::Slide,
         }
     }
 }

@@ -7,11 +7,13 @@
 //! ```text
 //! LOCK                  advisory lock (flock): one process owns the directory
 //! sessions/<id>.kv      one snapshot per named session (docs/kv-format.md)
+//! sessions/<id>.conv    its conversation: the messages the snapshot is a cache of
 //! prefixes/<hash>.kv    one snapshot per system prompt (hash of model, context, type, tokens)
 //! answers.journal       the MQTT front end's last answers (not this module's: see mqtt::journal)
 //! ```
 //!
-//! A request names a session and brings its whole prompt. The store takes the session's K/V
+//! A request names a session and brings its whole prompt (the service renders it from the
+//! session's conversation, `conversation`). The store takes the session's K/V
 //! rows from RAM, or else from its file, or else from the longest cached prefix (a system
 //! prompt, or another resident session) that the prompt begins with, and the engine computes
 //! only the rest. After generating, the new positions are appended to the session's file. No
@@ -301,6 +303,11 @@ impl SessionStore {
         self.dir.join(SESSIONS).join(format!("{id}.kv"))
     }
 
+    /// The conversation log of session `id` (`conversation`), beside its snapshot.
+    pub fn conversation_path(&self, id: &SessionId) -> PathBuf {
+        self.dir.join(SESSIONS).join(format!("{id}.conv"))
+    }
+
     pub fn status(&self) -> StoreStatus {
         let mut s = self.status.clone();
         s.resident = self.slots.iter().filter(|s| s.id.is_some()).count();
@@ -365,12 +372,14 @@ impl SessionStore {
             s.id = None;
             s.session.truncate(0);
         }
-        let path = self.session_path(id);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StoreError::Dir { dir: path, source }),
+        for path in [self.session_path(id), self.conversation_path(id)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(StoreError::Dir { dir: path, source }),
+            }
         }
+        Ok(())
     }
 
     /// Makes `id` resident and returns its slot and where it came from.
@@ -506,6 +515,15 @@ impl SessionStore {
             total -= len;
             count -= 1;
             self.status.evicted_disk += 1;
+            if too_many {
+                // Past the most sessions kept, the session itself goes: its conversation too.
+                let conv = path.with_extension("conv");
+                if let Ok(m) = std::fs::metadata(&conv)
+                    && std::fs::remove_file(&conv).is_ok()
+                {
+                    total = total.saturating_sub(m.len());
+                }
+            }
             let why = if too_many {
                 "most sessions kept"
             } else {
@@ -587,7 +605,8 @@ fn remove_stale_temporaries(dir: &Path) {
         return;
     };
     for e in rd.flatten() {
-        if e.file_name().to_string_lossy().contains(".kv.tmp-") {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.contains(".kv.tmp-") || name.contains(".conv.tmp-") {
             let p = e.path();
             match std::fs::remove_file(&p) {
                 Ok(()) => {

@@ -247,6 +247,7 @@ fn answers_have_the_documented_shape() {
             prompt_tokens: 40,
             completion_tokens: 2,
             restored_tokens: 30,
+            dropped_turns: 0,
         },
         timings: Timings {
             queue_ms: 1.23456,
@@ -343,6 +344,7 @@ fn every_message_the_daemon_publishes_reads_back_as_what_it_said() {
             prompt_tokens: 4,
             completion_tokens: 2,
             restored_tokens: 1,
+            dropped_turns: 0,
         },
         timings: Timings {
             queue_ms: 0.5,

@@ -31,6 +31,7 @@ fn done(reason: FinishReason, text: &str) -> Event {
             prompt_tokens: 9,
             completion_tokens: 3,
             restored_tokens: 2,
+            dropped_turns: 0,
         },
         timings: Timings::default(),
         prompt_ids: vec![],

@@ -39,6 +39,7 @@ fn done(id: &str, text: &str, why: FinishReason, tokens: usize) -> Event {
             prompt_tokens: 3,
             completion_tokens: tokens,
             restored_tokens: 0,
+            dropped_turns: 0,
         },
         timings: Timings::default(),
         prompt_ids: vec![],

@@ -148,6 +148,7 @@ fn done(text: Option<String>, reason: FinishReason) -> Done {
             prompt_tokens: 7,
             completion_tokens: 3,
             restored_tokens: 0,
+            dropped_turns: 0,
         },
         timings: Timings::default(),
         prompt_ids: vec![],

@@ -74,6 +74,7 @@ pub(super) fn done(finish: FinishReason, prompt: usize, completion: usize) -> Ev
             prompt_tokens: prompt,
             completion_tokens: completion,
             restored_tokens: 0,
+            dropped_turns: 0,
         },
         timings: Timings::default(),
         prompt_ids: vec![],

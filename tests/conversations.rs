@@ -1,0 +1,247 @@
+//! A named session remembers its conversation: over the serial line protocol (one message per
+//! request), across a SIGKILL and restart, and until RESET; over MQTT (`prompt` continues,
+//! `reset` forgets). Greedy Qwen2.5-Coder 0.5B, the daemon as a child process.
+
+mod common;
+
+use common::json_of;
+use common::mqtt::{Daemon, Mosquitto, ask, collect, model_arg, publish, subscribe};
+use common::serial::{Pty, unescape};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const DEVICE: &str = "conv-dev";
+
+const T: Duration = Duration::from_secs(120);
+
+/// A fact only the first turn holds.
+const FACT: &str = "My name is Ana and I look after pump seven. Please remember my name.";
+const QUESTION: &str = "What is my name? Answer with the name only.";
+
+fn qwen() -> String {
+    model_arg(&common::model_path(common::QWEN_05B))
+}
+
+/// The daemon on `pty` in line mode, MQTT off, sessions in `state`.
+fn daemon(pty: &Pty, state: &str) -> Daemon {
+    let m = qwen();
+    let spec = format!("{}:115200:line", pty.path);
+    let args = [
+        "-m",
+        &m,
+        "--mqtt",
+        "off",
+        "-c",
+        "1024",
+        "-t",
+        "2",
+        "--state-dir",
+        state,
+        "--serial",
+        &spec,
+    ];
+    let d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
+    let log = d.wait_log(T, |l| l.contains("serial port open"));
+    assert!(log.contains("serial port open"), "port not open: {log}");
+    d
+}
+
+/// The text of an `OK <answer>` line.
+fn answer(line: &str) -> String {
+    unescape(
+        line.strip_prefix("OK ")
+            .unwrap_or_else(|| panic!("not an answer: {line}")),
+    )
+}
+
+#[test]
+fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until_reset() {
+    let mut p = Pty::open();
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap().to_owned();
+    let mut d = daemon(&p, &sd);
+    assert_eq!(p.ask("SET max_tokens=16", T), "OK max_tokens=16");
+
+    // Without the first turn the model cannot know the name: the control.
+    let alone = answer(&p.ask(&format!("CHAT {QUESTION}"), T));
+    assert!(
+        !alone.contains("Ana"),
+        "knew the name from nothing: {alone}"
+    );
+
+    answer(&p.ask(&format!("CHAT session=shift-a {FACT}"), T));
+    answer(&p.ask("CHAT session=shift-a Which planet is the largest?", T));
+    let third = answer(&p.ask(&format!("CHAT session=shift-a {QUESTION}"), T));
+    assert!(third.contains("Ana"), "turn 3 forgot turn 1: {third}");
+    let conv = state.path().join("sessions/shift-a.conv");
+    assert!(
+        conv.exists(),
+        "the conversation is kept beside the snapshot"
+    );
+
+    // Another session knows nothing of it.
+    let other = answer(&p.ask(&format!("CHAT session=shift-b {QUESTION}"), T));
+    assert!(
+        !other.contains("Ana"),
+        "shift-b knew shift-a's name: {other}"
+    );
+
+    // SIGKILL: the acknowledged turns were synced before their answers went out. The KV
+    // snapshot goes too, so the restarted daemon recomputes the session from its messages.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    drop(d);
+    std::fs::remove_file(state.path().join("sessions/shift-a.kv")).unwrap();
+    let d = daemon(&p, &sd);
+    assert_eq!(p.ask("SET max_tokens=16", T), "OK max_tokens=16");
+    let again = answer(&p.ask(&format!("CHAT session=shift-a {QUESTION}"), T));
+    assert!(
+        again.contains("Ana"),
+        "the restart lost the conversation: {again}"
+    );
+
+    // RESET forgets it: the conversation and the cache.
+    assert_eq!(p.ask("RESET shift-a", T), "OK RESET shift-a");
+    assert!(!conv.exists(), "RESET left the conversation");
+    let after = answer(&p.ask(&format!("CHAT session=shift-a {QUESTION}"), T));
+    assert!(!after.contains("Ana"), "RESET kept the name: {after}");
+    drop(d);
+}
+
+/// `edgellm ask --session desk --json -n 16 TEXT` against the daemon: the final message.
+fn ask_desk(port: u16, text: &str) -> Value {
+    let v = json_of(&ask(
+        port,
+        DEVICE,
+        &["--session", "desk", "--json", "-n", "16", text],
+    ));
+    assert!(v["error"].is_null(), "{v}");
+    v
+}
+
+/// Publishes `req` (with its `id`) to the device and returns the final message.
+fn publish_request(port: u16, req: Value) -> Value {
+    let id = req["id"].as_str().unwrap().to_owned();
+    let sub = subscribe(port, &format!("edgellm/{DEVICE}/response/{id}"), 1, 120);
+    publish(
+        port,
+        &format!("edgellm/{DEVICE}/request"),
+        req.to_string().as_bytes(),
+    );
+    let (_, payload) = collect(sub).pop().expect("an answer");
+    serde_json::from_str(&payload).unwrap()
+}
+
+#[test]
+fn mqtt_and_ask_continue_a_session_messages_replace_it_and_reset_forgets_it() {
+    let broker = Mosquitto::start();
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap().to_owned();
+    let (m, b) = (qwen(), format!("127.0.0.1:{}", broker.port));
+    let args = [
+        "-m",
+        &m,
+        "--mqtt",
+        &b,
+        "--device",
+        DEVICE,
+        "-c",
+        "1024",
+        "-t",
+        "2",
+        "--state-dir",
+        &sd,
+    ];
+    let _d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
+    let port = broker.port;
+
+    ask_desk(port, FACT);
+    ask_desk(port, "Which planet is the largest?");
+    let third = ask_desk(port, QUESTION);
+    assert!(
+        third["text"].as_str().unwrap().contains("Ana"),
+        "turn 3 forgot turn 1: {third}"
+    );
+
+    // `messages` replace the conversation: the name is gone from it.
+    let replaced = publish_request(
+        port,
+        json!({"id": "m1", "session": "desk", "max_tokens": 16,
+            "messages": [{"role": "user", "content": QUESTION}]}),
+    );
+    assert!(
+        !replaced["text"].as_str().unwrap().contains("Ana"),
+        "{replaced}"
+    );
+
+    ask_desk(port, FACT);
+    let reset = publish_request(port, json!({"id": "r1", "session": "desk", "reset": true}));
+    assert!(reset["error"].is_null(), "{reset}");
+    assert!(
+        !state.path().join("sessions/desk.conv").exists(),
+        "reset kept the log"
+    );
+    let after = ask_desk(port, QUESTION);
+    assert!(
+        !after["text"].as_str().unwrap().contains("Ana"),
+        "reset kept the name: {after}"
+    );
+}
+
+/// The daemon on MQTT with a 256-position context and `[limits] context_full = POLICY`.
+fn small_context(broker: &Mosquitto, policy: &str) -> (Daemon, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(&conf, format!("[limits]\ncontext_full = \"{policy}\"\n")).unwrap();
+    let state = dir.path().join("state");
+    let (m, b) = (qwen(), format!("127.0.0.1:{}", broker.port));
+    let (c, s) = (conf.to_str().unwrap(), state.to_str().unwrap());
+    let args = [
+        "--config",
+        c,
+        "-m",
+        &m,
+        "--mqtt",
+        &b,
+        "--device",
+        DEVICE,
+        "-c",
+        "256",
+        "-t",
+        "2",
+        "--state-dir",
+        s,
+    ];
+    (Daemon::start(&args, &[]), dir)
+}
+
+/// Turn `n` of a conversation longer than the context.
+fn long_turn(n: usize) -> Value {
+    json!({"id": format!("t{n}"), "session": "log", "max_tokens": 16,
+        "prompt": format!("Reading {n}: the pressure on line {n} is {} bar. Note it.", 3 + n)})
+}
+
+#[test]
+fn a_conversation_longer_than_the_context_slides_or_is_refused_as_configured() {
+    let broker = Mosquitto::start();
+    let (_d, _dir) = small_context(&broker, "slide");
+    let mut dropped = Vec::new();
+    for n in 0..8 {
+        let a = publish_request(broker.port, long_turn(n));
+        assert!(a["error"].is_null(), "turn {n} was not answered: {a}");
+        dropped.push(a["usage"]["dropped_turns"].as_u64().unwrap_or(0));
+    }
+    assert_eq!(dropped[0], 0, "{dropped:?}");
+    assert!(
+        *dropped.last().unwrap() >= 1,
+        "nothing slid out of 256 positions: {dropped:?}"
+    );
+    drop(_d);
+
+    let (_d, _dir) = small_context(&broker, "refuse");
+    let refused = (0..8)
+        .map(|n| publish_request(broker.port, long_turn(n)))
+        .find(|a| !a["error"].is_null())
+        .expect("a turn past the context is refused");
+    assert_eq!(refused["error"]["code"], "context_full", "{refused}");
+}
