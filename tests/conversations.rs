@@ -163,6 +163,15 @@ fn mqtt_and_ask_continue_a_session_messages_replace_it_and_reset_forgets_it() {
         "turn 3 forgot turn 1: {third}"
     );
 
+    let history = publish_request(
+        port,
+        json!({"id": "h1", "session": "desk", "history": true}),
+    );
+    assert!(
+        history["text"].as_str().unwrap().contains(FACT),
+        "{history}"
+    );
+
     // `messages` replace the conversation: the name is gone from it.
     let replaced = publish_request(
         port,
@@ -244,4 +253,60 @@ fn a_conversation_longer_than_the_context_slides_or_is_refused_as_configured() {
         .find(|a| !a["error"].is_null())
         .expect("a turn past the context is refused");
     assert_eq!(refused["error"]["code"], "context_full", "{refused}");
+}
+
+/// Reads the console until `want` has arrived (or fails after `within`): everything read.
+fn until(p: &mut Pty, want: &str, within: Duration) -> String {
+    let end = std::time::Instant::now() + within;
+    let mut got = Vec::new();
+    while std::time::Instant::now() < end {
+        got.extend(p.drain(Duration::from_millis(20)));
+        if String::from_utf8_lossy(&got).contains(want) {
+            return String::from_utf8_lossy(&got).into_owned();
+        }
+    }
+    panic!(
+        "{want:?} not seen within {within:?}; got {:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
+#[test]
+fn the_console_continues_its_session_shows_its_history_and_resets_it() {
+    let mut p = Pty::open();
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap().to_owned();
+    let m = qwen();
+    let spec = format!("{}:115200:console", p.path);
+    let args = [
+        "-m",
+        &m,
+        "--mqtt",
+        "off",
+        "-c",
+        "1024",
+        "-t",
+        "2",
+        "--state-dir",
+        &sd,
+        "--serial",
+        &spec,
+    ];
+    let d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
+    d.wait_log(T, |l| l.contains("serial port open"));
+    until(&mut p, "edgellm> ", T);
+    let say = |p: &mut Pty, line: &str| {
+        p.send(format!("{line}\r").as_bytes());
+        until(p, "edgellm> ", T)
+    };
+    say(&mut p, "/session bench");
+    say(&mut p, FACT);
+    say(&mut p, "Which planet is the largest?");
+    let third = say(&mut p, QUESTION);
+    assert!(third.contains("Ana"), "turn 3 forgot turn 1: {third:?}");
+    let history = say(&mut p, "/history");
+    assert!(history.contains(&format!("user: {FACT}")), "{history:?}");
+    assert!(say(&mut p, "/reset").contains("session bench forgotten"));
+    let after = say(&mut p, QUESTION);
+    assert!(!after.contains("Ana"), "reset kept the name: {after:?}");
 }

@@ -157,7 +157,7 @@ pub struct Entry {
 
 /// The request's content, as the trail hashes it: `{"prompt": …}` for a raw prompt,
 /// `{"system": …, "messages": [{"role", "content"}, …]}` for a chat (`system` only when set),
-/// `{"reset": true}` for a session reset. A client holding its request can compute the same
+/// `{"reset": true}` for a session reset, `{"history": true}` for its history. A client holding its request can compute the same
 /// hash: the compact JSON of this value (serde_json's, keys in this order).
 pub fn content(req: &Request) -> serde_json::Value {
     use serde_json::json;
@@ -174,6 +174,7 @@ pub fn content(req: &Request) -> serde_json::Value {
             }
         }
         Prompt::Forget => json!({ "reset": true }),
+        Prompt::History => json!({ "history": true }),
     }
 }
 

@@ -153,6 +153,9 @@ pub struct RequestBody {
     /// With `session` and no prompt: forget the session (its conversation and its cache).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reset: bool,
+    /// With `session` and no prompt: answer the session's conversation as text.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history: bool,
 }
 
 impl RequestBody {
@@ -258,11 +261,15 @@ pub fn parse_request(
     let bad = |msg: String| refuse(Some(id.clone()), ErrorCode::BadRequest, msg);
     // `prompt` continues a named session's conversation, `messages` replace it.
     let replace = wire.messages.is_some();
-    let prompt = match (wire.prompt, wire.messages, wire.reset) {
+    if wire.reset && wire.history {
+        return Err(bad("give reset or history, not both".into()));
+    }
+    let prompt = match (wire.prompt, wire.messages, wire.reset || wire.history) {
         (Some(_), Some(_), _) => return Err(bad("give prompt or messages, not both".into())),
-        (None, None, true) if wire.session.is_some() => Prompt::Forget,
-        (None, None, true) => return Err(bad("a reset needs the session to forget".into())),
-        (_, _, true) => return Err(bad("a reset has no prompt or messages".into())),
+        (None, None, true) if wire.session.is_some() && wire.reset => Prompt::Forget,
+        (None, None, true) if wire.session.is_some() => Prompt::History,
+        (None, None, true) => return Err(bad("reset and history need a session".into())),
+        (_, _, true) => return Err(bad("reset and history have no prompt or messages".into())),
         (None, None, false) => {
             return Err(bad("the request needs a prompt or messages".into()));
         }

@@ -2,9 +2,11 @@
 //!
 //! A line editor with echo — Backspace (0x08 or 0x7F) erases a character with `\b \b`,
 //! Ctrl-U the whole line, Ctrl-C clears it; Enter (CR, LF or CR LF, counted once) submits —
-//! under an `edgellm> ` prompt. A line that is exactly `help`, `status`, `sessions` or
-//! `log [N]` is a command; any other line is a chat message to the model, whose answer
-//! streams as it is generated, then a line with its finish reason, token counts and speed.
+//! under an `edgellm> ` prompt. A line that is exactly `help`, `status`, `sessions`,
+//! `log [N]`, `/session [NAME]`, `/reset` or `/history` is a command; any other line is a chat
+//! message to the model (the next turn of the chosen session's conversation, if any), whose
+//! answer streams as it is generated, then a line with its finish reason, token counts and
+//! speed.
 //!
 //! While an answer streams, only Ctrl-C is read (it cancels the answer); everything else typed
 //! is dropped, so that keys pressed while reading do not turn into a half-typed line behind
@@ -15,6 +17,7 @@
 //! log lines (an escape sequence a model or a log line might hold) are not passed to the
 //! terminal.
 
+use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
 use crate::service::{Event, Prompt, Request};
@@ -36,6 +39,9 @@ Commands (alone on the line; any other line goes to the model):
   help       this text
   status     the appliance's state and counters
   sessions   the saved sessions
+  /session NAME  messages continue the named session's conversation (/session: which)
+  /reset     forget this console's session (its conversation)
+  /history   show this console's session's conversation
   log [N]    the daemon's last N log lines (20, at most 200)
 Editing: Backspace erases a character, Ctrl-U the line, Ctrl-C clears it.
 ";
@@ -63,6 +69,15 @@ enum Esc {
 struct Running {
     /// The cursor is at the start of a line (the summary line needs no CR LF first).
     at_line_start: bool,
+    kind: Kind,
+}
+
+/// What the running request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Reset,
+    History,
 }
 
 /// How a console port behaves.
@@ -101,6 +116,8 @@ pub struct ConsoleCore {
     /// This line went over its bound (counted once).
     overlong: bool,
     running: Option<Running>,
+    /// The named session this console's chat messages continue (`/session NAME`).
+    session: Option<SessionId>,
 }
 
 impl ConsoleCore {
@@ -119,6 +136,7 @@ impl ConsoleCore {
             after_cr: false,
             overlong: false,
             running: None,
+            session: None,
         })
     }
 
@@ -283,6 +301,36 @@ impl ConsoleCore {
                     env.write(b"\r\n");
                 }
             }
+            (Some("/session"), None, _) => write_text(
+                env,
+                &match &self.session {
+                    Some(s) => format!("session {s}\n"),
+                    None => "no session: each message stands alone\n".to_owned(),
+                },
+            ),
+            (Some("/session"), Some(name), None) => match SessionId::parse(name) {
+                Ok(id) => {
+                    write_text(
+                        env,
+                        &format!("session {id}: messages continue its conversation\n"),
+                    );
+                    self.session = Some(id);
+                }
+                Err(e) => write_text(env, &format!("error: {e}\n")),
+            },
+            (Some(cmd @ ("/reset" | "/history")), None, _) => {
+                let Some(id) = self.session.clone() else {
+                    write_text(env, "no session: choose one with /session NAME\n");
+                    env.write(PROMPT.as_bytes());
+                    return;
+                };
+                let (prompt, kind) = if cmd == "/reset" {
+                    (Prompt::Forget, Kind::Reset)
+                } else {
+                    (Prompt::History, Kind::History)
+                };
+                return self.send(prompt, kind, Some(id), env);
+            }
             (Some("log"), n, None) => match n.map(str::parse::<usize>) {
                 None => log(env, LOG_LINES),
                 Some(Ok(n)) => log(env, n.min(LOG_MAX)),
@@ -310,7 +358,13 @@ impl ConsoleCore {
 
     fn chat(&mut self, text: String, env: &mut dyn Env) {
         let prompt = Prompt::Chat(vec![ChatMessage::new("user", text)]);
+        let session = self.session.clone();
+        self.send(prompt, Kind::Chat, session, env)
+    }
+
+    fn send(&mut self, prompt: Prompt, kind: Kind, session: Option<SessionId>, env: &mut dyn Env) {
         let mut req = Request::new(env.new_id(), env.source(), prompt);
+        req.session = session;
         req.max_tokens = self.max_tokens;
         req.deadline = self.timeout.map(|t| env.now() + t);
         match env.submit(req) {
@@ -318,6 +372,7 @@ impl ConsoleCore {
                 env.count(Count::Requests);
                 self.running = Some(Running {
                     at_line_start: true,
+                    kind,
                 });
             }
             Err(e) => {
@@ -358,6 +413,18 @@ impl Core for ConsoleCore {
                     r.at_line_start = last == '\n';
                 }
                 write_text(env, &c);
+            }
+            Event::Done(_) if r.kind == Kind::Reset => {
+                let s = self.session.as_ref().map_or("", |s| s.as_str()).to_owned();
+                self.end_answer(&format!("session {s} forgotten\n"), env);
+            }
+            Event::Done(d) if r.kind == Kind::History => {
+                let end = if d.text.is_empty() {
+                    "(no conversation yet)\n"
+                } else {
+                    ""
+                };
+                self.end_answer(end, env);
             }
             Event::Done(d) => {
                 let summary = format!(

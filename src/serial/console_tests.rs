@@ -377,3 +377,47 @@ fn a_line_bound_outside_the_range_is_refused() {
     assert!(bound(MAX_LINE + 1).is_err());
     assert!(bound(MAX_LINE).is_ok());
 }
+
+#[test]
+fn slash_session_makes_messages_continue_it_and_reset_and_history_act_on_it() {
+    let (mut c, mut e) = (console(), MemEnv::default());
+    // Without a session: a message stands alone, /reset and /history say what is missing.
+    c.on_bytes(b"/history\r", &mut e);
+    assert!(
+        e.take()
+            .contains("no session: choose one with /session NAME")
+    );
+    assert!(e.submitted.is_empty());
+    c.on_bytes(b"/session ../x\r", &mut e);
+    assert!(e.take().contains("error: "), "a bad name is refused");
+    c.on_bytes(b"/session shift-a\r", &mut e);
+    assert!(
+        e.take()
+            .contains("session shift-a: messages continue its conversation")
+    );
+    c.on_bytes(b"/session\r", &mut e);
+    assert!(e.take().contains("session shift-a"));
+
+    c.on_bytes(b"Pump 7 is hot\r", &mut e);
+    assert_eq!(content(&e, 0), "Pump 7 is hot");
+    assert_eq!(e.submitted[0].session.as_ref().unwrap().as_str(), "shift-a");
+    c.on_event(done(FinishReason::Eog), &mut e);
+    e.take();
+
+    c.on_bytes(b"/history\r", &mut e);
+    e.take();
+    assert!(matches!(e.submitted[1].prompt, Prompt::History));
+    assert_eq!(e.submitted[1].session.as_ref().unwrap().as_str(), "shift-a");
+    c.on_event(text("user: Pump 7 is hot"), &mut e);
+    let mut end = done(FinishReason::Eog);
+    if let Event::Done(d) = &mut end {
+        d.text = "user: Pump 7 is hot".into();
+    }
+    c.on_event(end, &mut e);
+    assert_eq!(e.take(), format!("user: Pump 7 is hot\r\n{PROMPT}"));
+
+    c.on_bytes(b"/reset\r", &mut e);
+    assert!(matches!(e.submitted[2].prompt, Prompt::Forget));
+    c.on_event(done(FinishReason::Eog), &mut e);
+    assert!(e.take().contains("session shift-a forgotten"));
+}

@@ -201,6 +201,10 @@ impl LineCore {
                 }
                 Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
             },
+            "HISTORY" => match SessionId::parse(rest) {
+                Ok(id) => self.submit(Prompt::History, Some(id), None, checksum, env),
+                Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
+            },
             _ => {
                 env.count(Count::BadInput);
                 let w: String = word.chars().take(32).collect();
@@ -369,9 +373,9 @@ impl Core for LineCore {
     }
 }
 
-const COMMANDS: &str = "PING GEN CHAT STATUS CANCEL RESET SET HELP";
+const COMMANDS: &str = "PING GEN CHAT STATUS CANCEL RESET HISTORY SET HELP";
 const HELP: &str = "PING | GEN <text> | CHAT [session=<id>] <message> | STATUS | CANCEL | \
-                    RESET <session> | SET max_tokens|temperature|seed|stream|system=<value> | \
+                    RESET <session> | HISTORY <session> | SET max_tokens|temperature|seed|stream|system=<value> | \
                     HELP; end lines with CR or LF; optional *HH checksum (XOR of the bytes)";
 
 fn yes_no(b: bool) -> &'static str {

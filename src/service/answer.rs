@@ -160,8 +160,16 @@ impl Worker {
         channel: &Channel,
         started: Instant,
     ) -> Result<Done, ServiceError> {
-        if matches!(req.prompt, super::Prompt::Forget) {
-            return self.forget(req);
+        match req.prompt {
+            super::Prompt::Forget => return self.forget(req),
+            super::Prompt::History => {
+                // As text too, so that every front end shows it as it shows an answer.
+                let done = self.history(req)?;
+                let shared = &self.shared;
+                let _ = send_text(channel, &done.text, req.deadline, &|| shared.progress());
+                return Ok(done);
+            }
+            _ => {}
         }
         if let Err(e) = req.sampling.validate() {
             return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
@@ -314,18 +322,36 @@ impl Worker {
         };
         store.delete(id)?;
         tracing::info!(request = req.id, session = %id, "session forgotten");
-        Ok(Done {
-            id: req.id.clone(),
-            text: String::new(),
-            finish_reason: FinishReason::Eog,
-            usage: Usage::default(),
-            timings: Timings::default(),
-            prompt_ids: Vec::new(),
-            generated_ids: Vec::new(),
-            top_logits: Vec::new(),
-            truncated_tokens: 0,
-            session: None,
-        })
+        Ok(empty_done(req, String::new()))
+    }
+
+    /// [`Prompt::History`](super::Prompt::History): the named session's conversation as text.
+    fn history(&mut self, req: &Request) -> Result<Done, ServiceError> {
+        let (OpenSessions::Dir(store, _), Some(id)) = (&self.sessions, &req.session) else {
+            return Err(match req.session {
+                None => ServiceError::new(ErrorCode::BadRequest, "a history names no session"),
+                Some(_) => no_sessions(),
+            });
+        };
+        let text = super::conversation::transcript(&store.conversation_path(id))
+            .map_err(|e| ServiceError::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(empty_done(req, text))
+    }
+}
+
+/// A `Done` with `text` and nothing generated (a reset, a history).
+fn empty_done(req: &Request, text: String) -> Done {
+    Done {
+        id: req.id.clone(),
+        text,
+        finish_reason: FinishReason::Eog,
+        usage: Usage::default(),
+        timings: Timings::default(),
+        prompt_ids: Vec::new(),
+        generated_ids: Vec::new(),
+        top_logits: Vec::new(),
+        truncated_tokens: 0,
+        session: None,
     }
 }
 

@@ -136,6 +136,9 @@ pub enum Prompt {
     /// answers an empty `Done`. Queued like any request, so it never races a turn of the
     /// session it deletes.
     Forget,
+    /// No text: answers the request's named session's conversation as text (`Done::text`), one
+    /// message a paragraph (`system:`, `user:`, `assistant:`), with nothing generated.
+    History,
 }
 
 impl Request {

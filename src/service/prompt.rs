@@ -22,7 +22,7 @@ pub fn text_bytes(req: &Request) -> usize {
     let body = match &req.prompt {
         Prompt::Text { text, .. } => text.len(),
         Prompt::Chat(msgs) => msgs.iter().map(|m| m.content.len() + m.role.len()).sum(),
-        Prompt::Forget => 0,
+        Prompt::Forget | Prompt::History => 0,
     };
     body + req.system.as_ref().map_or(0, |s| s.len())
 }
@@ -34,7 +34,7 @@ pub fn check(req: &Request) -> Result<(), ServiceError> {
     let blank = match &req.prompt {
         Prompt::Text { text, .. } => text.trim().is_empty(),
         Prompt::Chat(msgs) => msgs.iter().all(|m| m.content.trim().is_empty()),
-        Prompt::Forget => false,
+        Prompt::Forget | Prompt::History => false,
     };
     if blank {
         return Err(ServiceError::new(
@@ -71,10 +71,10 @@ pub fn build(
             }
             (tok.encode(text, true, *special), None)
         }
-        Prompt::Forget => {
+        Prompt::Forget | Prompt::History => {
             return Err(ServiceError::new(
                 ErrorCode::BadRequest,
-                "a session reset has no prompt to build",
+                "a session reset or history has no prompt to build",
             ));
         }
         Prompt::Chat(messages) => {

@@ -32,7 +32,7 @@
 //! | 19 | `TEMPERATURE` | rw | hundredths, 0–200; 0 is greedy |
 //! | 20–21 | `SEED` | rw | u32, reset value 0x5EED |
 //! | 22 | `SESSION` | rw | 0: none; 1–9999: the named session `modbus-N` (needs a state directory) |
-//! | 23 | `MODE` | rw | 0: raw text, continued as is (as `edgellm run`); 1: chat, the user's message in the model's template |
+//! | 23 | `MODE` | rw | 0: raw text, continued as is (as `edgellm run`); 1: chat, the user's message in the model's template (with `SESSION`: the next turn of its conversation); 2: reset `SESSION` (no prompt); 3: `SESSION`'s conversation as the answer (no prompt) |
 //! | 24 | `PAGE_SELECT` | rw | the answer page the window shows |
 //! | 25 | `CANCEL` | w (reads 0) | non-zero: cancel the request in progress |
 //! | 32–156 | `ANSWER_PAGE` | r | 125 registers: bytes `250·PAGE_SELECT …` of the answer |
@@ -64,7 +64,7 @@
 //! |---|---|
 //! | 0x01 illegal function | coils, discrete inputs, any function code but 3, 4, 6, 16, 23 and 43/14 |
 //! | 0x02 illegal data address | a range touching an unmapped address; a write touching a read-only register; FC43/14 individual access to an unknown object |
-//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 1; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
+//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 3; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
 //! | 0x06 server device busy | `REQUEST_SEQ` written while a request is queued or running; the appliance's queue is full |
 //!
 //! A refused write changes nothing. A request the service refuses for another reason (an
@@ -117,6 +117,8 @@ pub const MAX_RW_WRITE: usize = 121;
 pub const DEFAULT_SEED: u32 = 0x5eed;
 const MAX_TEMPERATURE: u16 = 200;
 const MAX_SESSION: u16 = 9999;
+/// `MODE`: 0 raw text, 1 chat, 2 reset the session, 3 the session's history.
+const MAX_MODE: u16 = 3;
 
 /// End of the low block (status, control, answer window), exclusive.
 const LOW_END: u16 = ANSWER_PAGE + PAGE_REGS;
@@ -377,7 +379,7 @@ impl Mailbox {
                 }
                 MODE => {
                     ctl.mode = v;
-                    v <= 1
+                    v <= MAX_MODE
                 }
                 PAGE_SELECT => {
                     ctl.page = v;
@@ -455,6 +457,8 @@ impl Mailbox {
         let text = std::str::from_utf8(text).map_err(|_| Exception::IllegalDataValue)?;
         let prompt = match ctl.mode {
             1 => Prompt::Chat(vec![ChatMessage::new("user", text)]),
+            2 => Prompt::Forget,
+            3 => Prompt::History,
             _ => Prompt::Text {
                 text: text.to_owned(),
                 special: false,

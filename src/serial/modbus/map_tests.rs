@@ -119,6 +119,19 @@ fn parameters_registers_shape_the_request() {
 }
 
 #[test]
+fn modes_2_and_3_reset_the_session_and_read_its_conversation() {
+    let mut m = mailbox();
+    m.write(SESSION, &[7, 2]).unwrap();
+    let req = ask(&mut m, "", 1);
+    assert!(matches!(req.prompt, Prompt::Forget), "{req:?}");
+    assert_eq!(req.session.as_ref().unwrap().as_str(), "modbus-7");
+    m.on_event(&req.id, done(&req.id, "", FinishReason::Eog, 0));
+    m.write(MODE, &[3]).unwrap();
+    let req = ask(&mut m, "", 2);
+    assert!(matches!(req.prompt, Prompt::History), "{req:?}");
+}
+
+#[test]
 fn a_zero_length_means_up_to_the_first_nul() {
     let mut m = mailbox();
     m.write(PROMPT, &text_to_registers("abc\0\0zz")).unwrap();
@@ -358,7 +371,7 @@ fn quantities_and_values_out_of_range_are_illegal_data_values() {
     assert_eq!(m.write(MAX_TOKENS, &[65]).unwrap_err(), v);
     assert_eq!(m.write(TEMPERATURE, &[201]).unwrap_err(), v);
     assert_eq!(m.write(SESSION, &[10000]).unwrap_err(), v);
-    assert_eq!(m.write(MODE, &[2]).unwrap_err(), v);
+    assert_eq!(m.write(MODE, &[4]).unwrap_err(), v);
     assert_eq!(m.write(PAGE_SELECT, &[1]).unwrap_err(), v);
     // One bad value refuses the whole write.
     assert_eq!(m.write(PROMPT_LEN, &[4, 65]).unwrap_err(), v);

@@ -433,7 +433,7 @@ fn check_written(m: &Mailbox, w: &Result<Written, Exception>, busy: bool, stream
         match &req.prompt {
             Prompt::Text { special, .. } => assert!(!special),
             Prompt::Chat(msgs) => assert!(msgs.len() == 1),
-            Prompt::Forget => panic!("Modbus never resets a session"),
+            Prompt::Forget | Prompt::History => assert!(req.session.is_some(), "{req:?}"),
         }
         streamed.clear();
     }
