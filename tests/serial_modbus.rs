@@ -321,7 +321,7 @@ fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_c
             ExceptionCode::IllegalDataAddress
         );
         assert_eq!(
-            op(m.write_single_register(map::MODE, 2)).await.unwrap_err(),
+            op(m.write_single_register(map::MODE, 4)).await.unwrap_err(),
             ExceptionCode::IllegalDataValue
         );
         // No prompt yet: the service refuses it, and the status says so.
