@@ -86,6 +86,23 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
         "shift-b knew shift-a's name: {other}"
     );
 
+    // `edgellm sessions` reads them while the daemon runs, and will not delete under it.
+    let list = sessions(&["list", "--state-dir", &sd]);
+    assert!(list.status.success(), "{list:?}");
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(list.contains("shift-a  turns=3 messages=6"), "{list}");
+    assert!(list.contains("shift-b  turns=1 messages=2"), "{list}");
+    let show = sessions(&["show", "shift-a", "--state-dir", &sd]);
+    assert!(String::from_utf8_lossy(&show.stdout).starts_with(&format!("user: {FACT}\n")));
+    let refused = sessions(&["delete", "shift-b", "--state-dir", &sd]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("a daemon holds") && why.contains("RESET shift-b"),
+        "{why}"
+    );
+    assert!(state.path().join("sessions/shift-b.conv").exists());
+
     // SIGKILL: the acknowledged turns were synced before their answers went out. The KV
     // snapshot goes too, so the restarted daemon recomputes the session from its messages.
     d.child.kill().unwrap();
@@ -106,6 +123,24 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
     let after = answer(&p.ask(&format!("CHAT session=shift-a {QUESTION}"), T));
     assert!(!after.contains("Ana"), "RESET kept the name: {after}");
     drop(d);
+
+    // With the daemon gone, delete works, and a deleted session is no more.
+    let deleted = sessions(&["delete", "shift-b", "--state-dir", &sd]);
+    assert!(deleted.status.success(), "{deleted:?}");
+    assert!(!state.path().join("sessions/shift-b.conv").exists());
+    assert!(!state.path().join("sessions/shift-b.kv").exists());
+    let gone = sessions(&["show", "shift-b", "--state-dir", &sd]);
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("no session shift-b"),
+        "{gone:?}"
+    );
+}
+
+/// `edgellm sessions ARGS`.
+fn sessions(args: &[&str]) -> std::process::Output {
+    let mut a = vec!["sessions"];
+    a.extend_from_slice(args);
+    common::mqtt::edgellm(&a)
 }
 
 /// `edgellm ask --session desk --json -n 16 TEXT` against the daemon: the final message.

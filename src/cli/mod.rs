@@ -21,6 +21,7 @@ mod profile;
 mod quantize;
 mod run;
 mod serve;
+mod sessions;
 mod tokenize;
 
 /// edgellm: offline LLM inference for ARM SoCs (Q4_0/Q4_1/Q8_0 GGUF models).
@@ -61,6 +62,8 @@ enum Command {
     Board(board::Args),
     /// The daemon's audit trail: list and show entries, verify the chain, replay an answer.
     Audit(audit::Args),
+    /// The named sessions of a state directory: list them, show a conversation, delete one.
+    Sessions(sessions::Args),
 }
 
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
@@ -83,6 +86,7 @@ pub fn main() -> ExitCode {
         Command::Kv(a) => kv::run(a),
         Command::Board(a) => board::run(a),
         Command::Audit(a) => audit::run(a),
+        Command::Sessions(a) => sessions::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
