@@ -113,6 +113,12 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     assert_eq!(kinds, ["answer", "answer", "answer", "answer", "refused"]);
     assert_eq!(list[4]["error"], "context_full");
     assert_eq!(list[2]["session"], "pump-3");
+    // The conversation's turns, in order: the second turn answered the whole conversation.
+    assert_eq!(
+        (&list[1]["turn"], &list[2]["turn"]),
+        (&1.into(), &2.into()),
+        "{list:?}"
+    );
     let restored = list[2]["usage"]["restored_tokens"].as_u64().unwrap();
     assert!(
         restored > 0,

@@ -120,6 +120,9 @@ pub struct Entry {
     pub source: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The session conversation's turn this answer was kept as (none: not kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u64>,
     pub model: ModelFacts,
     pub engine: EngineFacts,
     pub sampling: SamplingParams,
@@ -157,8 +160,11 @@ pub struct Entry {
 
 /// The request's content, as the trail hashes it: `{"prompt": …}` for a raw prompt,
 /// `{"system": …, "messages": [{"role", "content"}, …]}` for a chat (`system` only when set),
-/// `{"reset": true}` for a session reset, `{"history": true}` for its history. A client holding its request can compute the same
-/// hash: the compact JSON of this value (serde_json's, keys in this order).
+/// `{"reset": true}` for a session reset, `{"history": true}` for its history. A client
+/// holding its request can compute the same hash: the compact JSON of this value (serde_json's,
+/// keys in this order). In a named session a chat's content is the message it sent; the whole
+/// conversation the model saw is in the prompt ids (`prompt_ids_sha256`, and with the texts
+/// the ids themselves, which `audit replay` runs again).
 pub fn content(req: &Request) -> serde_json::Value {
     use serde_json::json;
     match &req.prompt {
@@ -270,6 +276,7 @@ pub fn entry_of(
         id: req.id.clone(),
         source: req.source.clone(),
         session: req.session.as_ref().map(|s| s.as_str().to_owned()),
+        turn: None,
         model: model.clone(),
         engine,
         sampling: req.sampling.clone(),
@@ -291,6 +298,7 @@ pub fn entry_of(
     match end {
         Event::Done(d) => {
             e.kind = Kind::Answer;
+            e.turn = d.session.as_ref().and_then(|s| s.turn);
             e.finish = Some(d.finish_reason);
             e.usage = d.usage.clone();
             e.truncated_tokens = d.truncated_tokens;

@@ -141,7 +141,8 @@ fn list(l: &ListArgs) -> CliResult {
             Ok(e) if l.dir.json => {
                 let v = json!({
                     "seq": e.seq, "time": e.time, "kind": e.kind, "id": e.id,
-                    "source": e.source, "session": e.session, "finish": e.finish,
+                    "source": e.source, "session": e.session, "turn": e.turn,
+                    "finish": e.finish,
                     "error": e.error.as_ref().map(|x| x.code), "usage": e.usage,
                 });
                 writeln!(out, "{v}")?;
@@ -174,6 +175,9 @@ fn row(e: &Entry) -> String {
     }
     if let Some(sess) = &e.session {
         s.push_str(&format!("  session {sess}"));
+        if let Some(t) = e.turn {
+            s.push_str(&format!(" turn {t}"));
+        }
     }
     s
 }
