@@ -12,7 +12,11 @@
 //!   request.
 
 use super::codec::{self, Decoded, Decoder, FrameBuf};
-use super::{FLAG_RAW, FrameConfig, FrameError, MIN_PAYLOAD, REFUSAL_INDEX, kind, nak};
+use super::{
+    FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, FrameConfig, FrameError, MIN_PAYLOAD,
+    REFUSAL_INDEX, kind, nak,
+};
+use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
 use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request};
@@ -198,8 +202,12 @@ impl FrameCore {
             return refuse(env, seq, ErrorCode::Busy, "a request is being answered");
         }
         let req = match parse_request(payload) {
-            Ok((flags, max_tokens, text)) => {
-                let prompt = if flags & FLAG_RAW != 0 {
+            Ok((flags, max_tokens, session, text)) => {
+                let prompt = if flags & FLAG_RESET != 0 {
+                    Prompt::Forget
+                } else if flags & FLAG_HISTORY != 0 {
+                    Prompt::History
+                } else if flags & FLAG_RAW != 0 {
                     Prompt::Text {
                         text: text.to_owned(),
                         special: false,
@@ -217,6 +225,7 @@ impl FrameCore {
                     n => n,
                 };
                 let mut req = Request::new(env.new_id(), env.source(), prompt);
+                req.session = session;
                 req.max_tokens = max_tokens;
                 req.deadline = self.cfg.timeout.map(|t| env.now() + t);
                 req
@@ -492,16 +501,35 @@ fn refuse(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str) {
 }
 
 /// flags, max_tokens (u16 LE, 0: the default), UTF-8 prompt.
-fn parse_request(p: &[u8]) -> Result<(u8, u16, &str), &'static str> {
-    let [flags, lo, hi, text @ ..] = p else {
+/// A REQUEST's flags, max_tokens, session and prompt.
+fn parse_request(p: &[u8]) -> Result<(u8, u16, Option<SessionId>, &str), &'static str> {
+    let [flags, lo, hi, rest @ ..] = p else {
         return Err("request payload shorter than its 3-byte header");
     };
-    if flags & !FLAG_RAW != 0 {
+    let flags = *flags;
+    if flags & !(FLAG_RAW | FLAG_SESSION | FLAG_RESET | FLAG_HISTORY) != 0 {
         return Err("unknown request flags");
+    }
+    let (session, text) = if flags & FLAG_SESSION != 0 {
+        let [len, rest @ ..] = rest else {
+            return Err("the session flag is set but no session name follows");
+        };
+        let Some((name, text)) = rest.split_at_checked(*len as usize) else {
+            return Err("the session name is longer than the payload");
+        };
+        let name = std::str::from_utf8(name).map_err(|_| "the session name is not valid UTF-8")?;
+        let id = SessionId::parse(name).map_err(|_| "the session name is not a valid name")?;
+        (Some(id), text)
+    } else {
+        (None, rest)
+    };
+    let acts = flags & (FLAG_RESET | FLAG_HISTORY);
+    if acts != 0 && (session.is_none() || acts == FLAG_RESET | FLAG_HISTORY || !text.is_empty()) {
+        return Err("reset and history need a session name, no prompt, and not both");
     }
     // A blank prompt is the service's to refuse, as for every front end.
     let text = std::str::from_utf8(text).map_err(|_| "prompt is not valid UTF-8")?;
-    Ok((*flags, u16::from_le_bytes([*lo, *hi]), text))
+    Ok((flags, u16::from_le_bytes([*lo, *hi]), session, text))
 }
 
 /// The largest char boundary of `s` at or below `i`.

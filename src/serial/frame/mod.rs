@@ -71,6 +71,13 @@ pub const REFUSAL_INDEX: u16 = 0xFFFF;
 
 /// REQUEST flag: the prompt is raw text to continue, not a chat message.
 pub const FLAG_RAW: u8 = 0x01;
+/// REQUEST flag: a session name (its length in one byte, then the name) comes before the
+/// prompt; a chat message is then the next turn of that session's conversation.
+pub const FLAG_SESSION: u8 = 0x02;
+/// REQUEST flag (with [`FLAG_SESSION`], no prompt): forget the session.
+pub const FLAG_RESET: u8 = 0x04;
+/// REQUEST flag (with [`FLAG_SESSION`], no prompt): answer the session's conversation.
+pub const FLAG_HISTORY: u8 = 0x08;
 
 /// Smallest configurable payload: a STATUS reply's fixed part and an ERROR's header fit.
 pub const MIN_PAYLOAD: usize = 64;

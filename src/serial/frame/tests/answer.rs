@@ -386,3 +386,62 @@ fn a_repeat_of_an_older_request_while_another_runs_is_refused_busy() {
     c.on_event(text("ond"), &mut e);
     assert_eq!(frames(&mut e), [data(2, 1, "ond")]);
 }
+
+#[test]
+fn the_session_flag_names_a_session_and_reset_and_history_act_on_it() {
+    let (mut c, mut e) = (core(), env());
+    let with_session = |seq: u8, flags: u8, name: &[u8], text: &[u8]| {
+        let mut p = vec![flags | FLAG_SESSION, 0, 0, name.len() as u8];
+        p.extend_from_slice(name);
+        p.extend_from_slice(text);
+        frame(seq, kind::REQUEST, &p)
+    };
+    c.on_bytes(&with_session(1, 0, b"line-3", b"Why is it hot?"), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(1)]);
+    let r = &e.submitted[0];
+    assert_eq!(r.session.as_ref().unwrap().as_str(), "line-3");
+    assert!(matches!(&r.prompt, Prompt::Chat(m) if m[0].content == "Why is it hot?"));
+    c.on_event(
+        Event::Error(ServiceError::new(ErrorCode::Internal, "x")),
+        &mut e,
+    );
+    frames(&mut e);
+    c.on_bytes(&frame(2, kind::ACK, &0u16.to_le_bytes()), &mut e);
+
+    c.on_bytes(&with_session(3, FLAG_HISTORY, b"line-3", b""), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(3)]);
+    assert!(matches!(e.submitted[1].prompt, Prompt::History));
+    c.on_event(
+        Event::Error(ServiceError::new(ErrorCode::Internal, "x")),
+        &mut e,
+    );
+    frames(&mut e);
+    c.on_bytes(&frame(3, kind::ACK, &0u16.to_le_bytes()), &mut e);
+
+    c.on_bytes(&with_session(4, FLAG_RESET, b"line-3", b""), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(4)]);
+    assert!(matches!(e.submitted[2].prompt, Prompt::Forget));
+    assert_eq!(e.submitted[2].session.as_ref().unwrap().as_str(), "line-3");
+    c.on_event(
+        Event::Error(ServiceError::new(ErrorCode::Internal, "x")),
+        &mut e,
+    );
+    frames(&mut e);
+    c.on_bytes(&frame(4, kind::ACK, &0u16.to_le_bytes()), &mut e);
+
+    // Malformed: a name past the payload, a bad name, reset with a prompt, reset and history,
+    // reset without a session: refused at once, nothing submitted.
+    let bad = [
+        frame(5, kind::REQUEST, &[FLAG_SESSION, 0, 0, 9, b'a']),
+        with_session(6, 0, b"../x", b"hi"),
+        with_session(7, FLAG_RESET, b"line-3", b"hi"),
+        with_session(8, FLAG_RESET | FLAG_HISTORY, b"line-3", b""),
+        frame(9, kind::REQUEST, &[FLAG_RESET, 0, 0]),
+    ];
+    for f in bad {
+        c.on_bytes(&f, &mut e);
+        let got = frames(&mut e);
+        assert_eq!(error_of(&got[0]).1, 1, "bad_request: {got:?}");
+    }
+    assert_eq!(e.submitted.len(), 3);
+}
