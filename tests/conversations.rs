@@ -103,6 +103,12 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
     );
     assert!(state.path().join("sessions/shift-b.conv").exists());
 
+    // The same four turns in a session never interrupted: what shift-a's fourth turn must be.
+    let mut uninterrupted = String::new();
+    for q in [FACT, "Which planet is the largest?", QUESTION, QUESTION] {
+        uninterrupted = answer(&p.ask(&format!("CHAT session=shift-c {q}"), T));
+    }
+
     // SIGKILL: the acknowledged turns were synced before their answers went out. The KV
     // snapshot goes too, so the restarted daemon recomputes the session from its messages.
     d.child.kill().unwrap();
@@ -115,6 +121,10 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
     assert!(
         again.contains("Ana"),
         "the restart lost the conversation: {again}"
+    );
+    assert_eq!(
+        again, uninterrupted,
+        "the restart changed how the conversation goes on"
     );
 
     // RESET forgets it: the conversation and the cache.
