@@ -228,6 +228,31 @@ fn mqtt_and_ask_continue_a_session_messages_replace_it_and_reset_forgets_it() {
         "{replaced}"
     );
 
+    // A system prompt given once stays the conversation's: the next turn keeps it.
+    let with_system = |text: &str, system: Option<&str>| {
+        let mut a = vec!["--session", "sys", "--json", "-n", "4"];
+        a.extend(system.map(|s| ["--system", s]).into_iter().flatten());
+        a.push(text);
+        let v = json_of(&ask(port, DEVICE, &a));
+        assert!(v["error"].is_null(), "{v}");
+        v
+    };
+    with_system("Hello.", Some("You are a pump expert."));
+    let second = with_system("Go on.", None);
+    let h = publish_request(port, json!({"id": "h2", "session": "sys", "history": true}));
+    let h = h["text"].as_str().unwrap();
+    assert!(
+        h.starts_with("system: You are a pump expert.\n\nuser: Hello."),
+        "{h}"
+    );
+    assert!(h.contains("\n\nuser: Go on.\n\nassistant: "), "{h}");
+    let computed = second["usage"]["prompt_tokens"].as_u64().unwrap()
+        - second["usage"]["restored_tokens"].as_u64().unwrap();
+    assert!(
+        computed < 20,
+        "turn 2 recomputed {computed} tokens: its system prompt changed"
+    );
+
     ask_desk(port, FACT);
     let reset = publish_request(port, json!({"id": "r1", "session": "desk", "reset": true}));
     assert!(reset["error"].is_null(), "{reset}");

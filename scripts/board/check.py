@@ -17,9 +17,10 @@ Checks, in order (each prints its time; any failure exits 1 with the reason):
   3b. a truncated model: exit 78, not restarted, the error retained on the broker
   3c. a main process that crashes at once: 5 starts, the 6th refused by the start limit
   4. a conversation survives a reboot: the same turn again restores its prompt from flash
-  5. N power cuts while sessions are being saved; after each boot every session file passes
-     `edgellm kv verify` or was moved aside, and no acknowledged answer is lost (the file holds
-     at least the tokens of the last turn answered).
+  5. N power cuts while conversations are being saved (each turn sends only its new message);
+     after each boot every session file passes `edgellm kv verify` or was moved aside, no
+     acknowledged answer is lost (the file holds at least the tokens of the last turn answered),
+     and every acknowledged turn is in its conversation (`edgellm sessions list`).
 """
 
 import argparse
@@ -357,6 +358,21 @@ def turn(session, history, user, n=8):
             "max_tokens": n, "temperature": 0}
 
 
+def next_turn(session, user, n=8):
+    """The next turn of a conversation the daemon keeps: only the new message is sent."""
+    return {"session": session, "prompt": user, "max_tokens": n, "temperature": 0}
+
+
+def conversation_turns(board):
+    """{session: turns} of every conversation the guest keeps (`edgellm sessions list`, which
+    reads while the daemon runs)."""
+    _, out = board.console.sh(f"edgellm sessions list --json --state-dir {os.path.dirname(SESSIONS)}",
+                              timeout=60, ok=False)
+    found = re.search(r"(\[.*\])", out)
+    check(found is not None, f"`edgellm sessions list --json` printed no list: {out.strip()[-400:]}")
+    return {s["name"]: s["turns"] for s in json.loads(found.group(1))}
+
+
 def file_tokens(final):
     """Tokens the session file holds at least once this turn's answer arrived: every prompt
     position (restored or computed) and the answer's, but its last (never fed back)."""
@@ -536,15 +552,17 @@ def run(board, mqtt, cuts, rng):
     check(restored >= prompt2 - 1, f"after the reboot turn 2 restored {restored} of its {prompt2} prompt tokens")
     say(f"4. reboot: turn 2 again restored {restored} of {prompt2} prompt tokens from flash, same answer")
 
-    # 5. Power cuts while sessions are being saved.
-    convs = {f"cut-{i}-0": [] for i in range(3)}
+    # 5. Power cuts while sessions are being saved: conversations the daemon keeps, each turn
+    # sending only its new message.
+    convs = {f"cut-{i}-0": 0 for i in range(3)}  # session -> turns acknowledged
     acked = {}  # session -> tokens its file held when its last answer arrived
-    stats = {"cuts": 0, "answers_acked": 0, "sessions_checked": 0, "moved_aside": 0, "min_boot_s": 1e9, "max_boot_s": 0}
+    stats = {"cuts": 0, "answers_acked": 0, "sessions_checked": 0, "moved_aside": 0, "min_boot_s": 1e9, "max_boot_s": 0,
+             "conversation_turns_acked": 0, "conversation_turns_lost": 0}
     for cut in range(1, cuts + 1):
         # A turn on each session, all at once: they queue and are saved one after another.
         pending = {}
-        for s, hist in convs.items():
-            q = turn(s, hist, rng.choice(["Tell me about pumps.", "And valves?", "Why?", "Go on.", "Summarise."]), n=6)
+        for s in convs:
+            q = next_turn(s, rng.choice(["Tell me about pumps.", "And valves?", "Why?", "Go on.", "Summarise."]), n=6)
             q["id"] = f"cut{cut}-{s}"
             pending[s] = (q, mqtt.popen(q, 120, expiry=20))
         # The cut lands while the queue is working: after the first answer, the next turns
@@ -578,12 +596,12 @@ def run(board, mqtt, cuts, rng):
             if final.get("done") and "usage" in final:
                 stats["answers_acked"] += 1
                 acked[s] = file_tokens(final)
-                convs[s] = q["messages"] + [{"role": "assistant", "content": final["text"]}]
+                convs[s] += 1
         # A conversation near the context would be truncated (rewritten shorter): start anew.
         for s in [s for s in convs if acked.get(s, 0) > CTX // 2]:
             name, gen = s.rsplit("-", 1)
             del convs[s]
-            convs[f"{name}-{int(gen) + 1}"] = []
+            convs[f"{name}-{int(gen) + 1}"] = 0
         took, _ = board.boot(f"power cut {cut}")
         stats["min_boot_s"] = min(stats["min_boot_s"], took)
         stats["max_boot_s"] = max(stats["max_boot_s"], took)
@@ -601,7 +619,14 @@ def run(board, mqtt, cuts, rng):
                   f"power cut {cut}: session {s} was answered but has no file: {have} {aside}")
             if s in have:
                 check(have[s] >= want, f"power cut {cut}: session {s} holds {have[s]} tokens, its last acknowledged answer left {want}")
-        say(f"5. power cut {cut}/{cuts}: booted in {took:.0f}s; torn tails cut at start {tails}; files verified (tokens) {have}; aside {aside}; acknowledged (tokens) {acked}")
+        # Every acknowledged turn is in its conversation (it was synced before its answer went
+        # out); turns answered but never acknowledged may be there too.
+        kept = conversation_turns(board)
+        lost = {s: n - kept.get(s, 0) for s, n in convs.items() if kept.get(s, 0) < n}
+        stats["conversation_turns_lost"] += sum(lost.values())
+        check(not lost, f"power cut {cut}: acknowledged turns lost {lost}: kept {kept}, acknowledged {convs}")
+        say(f"5. power cut {cut}/{cuts}: booted in {took:.0f}s; torn tails cut at start {tails}; files verified (tokens) {have}; aside {aside}; acknowledged (tokens) {acked}; conversation turns kept {kept}, acknowledged {convs}")
+    stats["conversation_turns_acked"] = stats["answers_acked"]
     say("5. power cuts: " + json.dumps(stats))
     check(stats["answers_acked"] > 0, "no answer was acknowledged before any power cut: nothing was tested")
 

@@ -171,10 +171,18 @@ impl Turn {
             Some(user) => {
                 // Drops count the log's messages only (the new one is never dropped), and the
                 // oldest past the bound go too.
-                let keep_after = log.conversation().messages.len() - self.dropped_messages + 2;
+                let c = log.conversation();
+                let keep_after = c.messages.len() - self.dropped_messages + 2;
                 let over = keep_after.saturating_sub(MAX_MESSAGES);
-                let drop = self.dropped_messages + over.next_multiple_of(2);
-                if drop > 0 {
+                let drop = (self.dropped_messages + over.next_multiple_of(2)).min(c.messages.len());
+                if self.system != c.system {
+                    // A system prompt given with this turn is the conversation's from now on.
+                    records.push(Record::Replace {
+                        system: self.system.take(),
+                        messages: c.messages[drop..].to_vec(),
+                        turns: prior,
+                    });
+                } else if drop > 0 {
                     records.push(Record::Drop(drop as u32));
                 }
                 records.push(Record::Turn {
