@@ -69,11 +69,10 @@ impl StatusBoard {
     ) -> StatusBoard {
         let model = engine.model();
         let md = model.gguf().metadata();
-        let model_name = md
-            .opt_str("general.name")
-            .ok()
-            .flatten()
-            .map(str::to_owned)
+        // The catalog's name for the models edgellm ships ("SmolLM2-135M-Instruct" where the
+        // file says "Smollm2 135M 8k Lc100K Mix1 Ep2"), else the file's own.
+        let model_name = catalog_name(file)
+            .or_else(|| md.opt_str("general.name").ok().flatten().map(str::to_owned))
             .unwrap_or_else(|| {
                 file.file_stem()
                     .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
@@ -217,5 +216,41 @@ impl StatusBoard {
         })
         .to_string()
         .into_bytes()
+    }
+}
+
+/// `models/models.toml`, the catalog of the models edgellm ships.
+const CATALOG: &str = include_str!("../../models/models.toml");
+
+/// The catalog's name of the model whose file is named as `file` is (the name it is installed
+/// under, in `/usr/share/edgellm/models` or the cache).
+fn catalog_name(file: &Path) -> Option<String> {
+    let name = file.file_name()?.to_str()?;
+    let catalog: toml::Table = toml::from_str(CATALOG).ok()?;
+    catalog
+        .get("model")?
+        .as_array()?
+        .iter()
+        .find(|m| m.get("file").and_then(|f| f.as_str()) == Some(name))
+        .and_then(|m| m.get("name")?.as_str().map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::catalog_name;
+    use std::path::Path;
+
+    #[test]
+    fn a_shipped_model_is_named_as_the_catalog_names_it_and_another_file_is_not() {
+        let named = |f: &str| catalog_name(Path::new(f));
+        assert_eq!(
+            named("/usr/share/edgellm/models/smollm2-135m-q4_1.gguf").as_deref(),
+            Some("SmolLM2-135M-Instruct")
+        );
+        assert_eq!(
+            named("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf").as_deref(),
+            Some("Qwen2.5-Coder-1.5B-Instruct")
+        );
+        assert_eq!(named("/tmp/my-own-model.gguf"), None);
     }
 }
