@@ -343,3 +343,30 @@ fn watchdog_pings_stop_while_the_engine_is_stalled_and_come_back_after() {
         d.log_text()
     );
 }
+
+#[test]
+fn sigterm_while_the_broker_never_answers_stops_at_once() {
+    // A port that completes TCP handshakes (the kernel's backlog) but never answers CONNECT:
+    // a broker that hangs, or a firewall that swallows the traffic after the handshake.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let broker = format!("127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let model = common::model_path("q4_0");
+    let m = model.to_str().unwrap();
+    let args = [
+        "-m", m, "--mqtt", &broker, "--device", DEVICE, "-t", "1", "-c", "256",
+    ];
+    let mut d = Daemon::spawn(&args, &[("EDGELLM_LOG", "info")]);
+    let log = d.wait_log(Duration::from_secs(60), |l| l.contains("service started"));
+    assert!(log.contains("service started"), "{log}");
+    // Inside the first connection attempt, before READY (the broker wait is 10 s).
+    std::thread::sleep(Duration::from_millis(500));
+    let asked = Instant::now();
+    let status = d.terminate(Duration::from_secs(3));
+    assert!(status.success(), "{status}: {}", d.log_text());
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "SIGTERM took {took:?}: {}",
+        d.log_text()
+    );
+}

@@ -295,25 +295,35 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         // reached in time does not hold the service up (systemd would kill it): READY says
         // so, and the client keeps trying.
         let mut note = String::new();
-        if let Some(rx) = subscribed
-            && tokio::time::timeout(BROKER_WAIT, rx).await.is_err()
-        {
-            tracing::warn!("the MQTT broker is not reachable yet: serving, and retrying");
-            note = match &*trouble.lock().unwrap_or_else(|e| e.into_inner()) {
-                Some(why) => format!("; MQTT: {why}"),
-                None => ", broker not reachable yet".into(),
-            };
+        let mut signals = signals;
+        // A stop asked for meanwhile is not kept waiting for the broker.
+        let stopped_early = match subscribed {
+            Some(rx) => tokio::select! {
+                r = tokio::time::timeout(BROKER_WAIT, rx) => {
+                    if r.is_err() {
+                        tracing::warn!("the MQTT broker is not reachable yet: serving, and retrying");
+                        note = match &*trouble.lock().unwrap_or_else(|e| e.into_inner()) {
+                            Some(why) => format!("; MQTT: {why}"),
+                            None => ", broker not reachable yet".into(),
+                        };
+                    }
+                    false
+                }
+                _ = stop_signal(&mut signals) => true,
+            },
+            None => false,
+        };
+        if !stopped_early {
+            notifier.ready(&format!("{serving}{note}"));
+            tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
+            let mut current = cfg.clone();
+            wait_for_stop(signals, || {
+                if apply_reload(&mut current, &reload, &handle, &limits_tx) {
+                    notifier.status(&format!("{serving}, configuration reloaded"));
+                }
+            })
+            .await;
         }
-        notifier.ready(&format!("{serving}{note}"));
-        tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
-
-        let mut current = cfg.clone();
-        wait_for_stop(signals, || {
-            if apply_reload(&mut current, &reload, &handle, &limits_tx) {
-                notifier.status(&format!("{serving}, configuration reloaded"));
-            }
-        })
-        .await;
         notifier.stopping("stopping: finishing the answer in progress");
         tracing::info!("stopping");
         // No new requests, the running answer finishes or is cancelled within the grace
@@ -540,6 +550,17 @@ fn catch_signals() -> Signals {
     ) {
         (Ok(term), Ok(int), Ok(hup)) => Some([term, int, hup]),
         _ => None,
+    }
+}
+
+/// SIGTERM or SIGINT (a SIGHUP meanwhile stays pending for [`wait_for_stop`]).
+async fn stop_signal(signals: &mut Signals) {
+    match signals {
+        Some([term, int, _]) => tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -283,6 +283,8 @@ pub async fn run(
     };
 
     let mut backoff = Backoff::new();
+    // Whether the broker has the connection now: stopping without one has nothing to flush.
+    let mut linked = false;
     loop {
         let ev = tokio::select! {
             ev = eventloop.poll() => ev,
@@ -291,6 +293,7 @@ pub async fn run(
         match ev {
             Ok(Incoming::ConnAck { session_present }) => {
                 backoff.reset();
+                linked = true;
                 if let Some(f) = &s.on_link {
                     f(None);
                 }
@@ -312,6 +315,7 @@ pub async fn run(
             }
             Ok(_) => {}
             Err(e) => {
+                linked = false;
                 let wait = backoff.next();
                 let (why, ms) = (&e.message, wait.as_millis() as u64);
                 let broker = format!("{}:{}", s.host, s.port);
@@ -347,6 +351,13 @@ pub async fn run(
     drop(exec);
     drop(tx);
     let mut publisher = publisher;
+    if !linked {
+        // No broker to give anything to (it refused us, or is not there): stopping must not
+        // wait on another connection attempt. Unacknowledged requests come again next start.
+        publisher.abort();
+        tracing::info!("stopping without a broker connection: nothing to publish");
+        return;
+    }
     let flush = tokio::time::sleep(Duration::from_secs(3));
     tokio::pin!(flush);
     loop {
