@@ -52,8 +52,9 @@ pub(crate) const NEON: Kernels = Kernels {
     packed: None,
     packed_k: Some(kpacked::PACKED_K),
     // Q5_0 and Q5_1 through the Q4 block products (their values unpacked with the fifth
-    // bit); the K-quants in `kquant.rs`; the Q8_K quantizer is the reference's.
+    // bit); the K-quants in `kquant.rs`; the Q8_K quantizer in `quant.rs`.
     more: MoreFormats {
+        quantize_row_q8_k: quant::quantize_row_q8_k,
         vec_dot_q4_k_q8_k: kquant::neon::vec_dot_q4_k_q8_k,
         vec_dot_q5_k_q8_k: kquant::neon::vec_dot_q5_k_q8_k,
         vec_dot_q6_k_q8_k: kquant::neon::vec_dot_q6_k_q8_k,

@@ -4,7 +4,7 @@
 //! zero by `fcvtas` (C `roundf`) and saturated to i8 by `sqxtn` (Rust's `as i8`).
 
 use super::fp16::f2h;
-use crate::block::{BlockQ8_0, BlockQ8_1, QK8_0, QK8_1};
+use crate::block::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8_0, QK8_1};
 use core::arch::aarch64::*;
 
 /// Quantizes one block of 32 values: returns `d` (f32, before its f16 rounding) and the 32
@@ -77,5 +77,65 @@ pub(crate) fn quantize_row_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
         let sum = unsafe { vaddlvq_s8(q[0]) as i32 + vaddlvq_s8(q[1]) as i32 };
         yb.s = f2h(sum as f32 * d);
         store_qs(&mut yb.qs, q);
+    }
+}
+
+/// `quantize_row_q8_k`, byte-identical to the reference: the value of largest magnitude (the
+/// first of equal ones, with its sign; NaN skipped, as the reference's `amax < |v|` skips it),
+/// `iscale = -127 / max`, each `iscale · v` rounded by the reference's `nearest_int` (adding
+/// 1.5 · 2^23 rounds to nearest even, as the scalar `f32` add does), `min(127)` and the low
+/// byte kept (Rust's `as i8`, a truncating narrow), and each sixteen values' sum.
+pub(crate) fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        y.len() * QK_K,
+        "quantize_row_q8_k: length mismatch"
+    );
+    let (xs, _) = x.as_chunks::<QK_K>();
+    for (xb, yb) in xs.iter().zip(y.iter_mut()) {
+        let (c, _) = xb.as_chunks::<4>();
+        // SAFETY (whole block): each chunk is a valid `[f32; 4]` (`ld1` needs only element
+        // alignment); the rest are NEON register intrinsics, part of the aarch64 baseline.
+        unsafe {
+            let load = |i: usize| vld1q_f32(c[i].as_ptr());
+            let mut m = vdupq_n_f32(0.0);
+            for i in 0..c.len() {
+                // maxnm keeps the number when the other operand is NaN.
+                m = vmaxnmq_f32(m, vabsq_f32(load(i)));
+            }
+            let amax = vmaxnmvq_f32(m);
+            if amax == 0.0 {
+                *yb = BlockQ8K::default();
+                continue;
+            }
+            // The first value of that magnitude, with its sign.
+            let at = vdupq_n_f32(amax);
+            let mut max = amax;
+            for (i, v) in c.iter().enumerate() {
+                if vmaxvq_u32(vceqq_f32(vabsq_f32(load(i)), at)) != 0 {
+                    max = *v.iter().find(|x| x.abs() == amax).unwrap_or(&amax);
+                    break;
+                }
+            }
+            let iscale = -127.0f32 / max;
+            let magic = vdupq_n_f32(12_582_912.0);
+            let mant = vdupq_n_s32(0x007f_ffff);
+            let off = vdupq_n_s32(0x0040_0000);
+            let top = vdupq_n_s32(127);
+            let (qs, _) = yb.qs.as_chunks_mut::<16>();
+            for (k, q) in qs.iter_mut().enumerate() {
+                let n: [int32x4_t; 4] = core::array::from_fn(|j| {
+                    let t = vaddq_f32(vmulq_n_f32(load(4 * k + j), iscale), magic);
+                    let n = vsubq_s32(vandq_s32(vreinterpretq_s32_f32(t), mant), off);
+                    vminq_s32(n, top)
+                });
+                let h0 = vmovn_high_s32(vmovn_s32(n[0]), n[1]);
+                let h1 = vmovn_high_s32(vmovn_s32(n[2]), n[3]);
+                let b = vmovn_high_s16(vmovn_s16(h0), h1);
+                vst1q_s8(q.as_mut_ptr(), b);
+                yb.bsums[k] = vaddlvq_s8(b);
+            }
+            yb.d = 1.0 / iscale;
+        }
     }
 }

@@ -45,8 +45,7 @@ fn for_each_tile(
     }
 }
 
-/// The portable table. Every kernel but `rope_norm` and `quantize_row_q8_k` has a vectorised
-/// version.
+/// The portable table. Every kernel but `rope_norm` has a vectorised version.
 pub(crate) const TABLE: Kernels = Kernels {
     path: Path::Portable,
     quantize_row_q8_0: quant::quantize_row_q8_0,
@@ -62,9 +61,8 @@ pub(crate) const TABLE: Kernels = Kernels {
     matmul_q8_0_q8_0: matmul::matmul_q8_0_q8_0,
     packed: None,
     packed_k: Some(kquant::PACKED_K),
-    // The Q8_K quantizer is the reference's: it runs once per activation row, the products
-    // once per weight row.
     more: crate::dispatch::MoreFormats {
+        quantize_row_q8_k: quant::quantize_row_q8_k,
         vec_dot_q5_0_q8_0: matmul::vec_dot_q5_0_q8_0,
         vec_dot_q5_1_q8_1: matmul::vec_dot_q5_1_q8_1,
         matvec_q5_0_q8_0: matmul::matvec_q5_0_q8_0,

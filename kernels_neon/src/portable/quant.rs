@@ -2,7 +2,8 @@
 //! `id = d ? 1/d : 0`, round half away from zero, saturate like `as i8`. (The reference calls
 //! `f32::round` per value, which is a libm call on targets without a rounding instruction.)
 
-use crate::block::{BlockQ8_0, BlockQ8_1, QK8_0, QK8_1, f16};
+use crate::block::{BlockQ8_0, BlockQ8_1, BlockQ8K, QK_K, QK8_0, QK8_1, f16};
+use crate::reference::nearest_int;
 use wide::{CmpEq, CmpGe, CmpLt, f32x8, i32x8};
 
 /// `quantize_row_q8_0` (portable).
@@ -75,4 +76,40 @@ fn quantize_block(xb: &[f32; 32]) -> (f32, [i32x8; 4]) {
         ti + (away & step).fast_trunc_int()
     });
     (d, q)
+}
+
+/// `quantize_row_q8_k` (portable), byte-identical to the reference: the largest magnitude found
+/// lane-wise (eight running maxima, `f32::max` skipping NaN as the reference's `amax < |v|`
+/// does) instead of a compare-and-branch per value, then the first value of it, with its sign;
+/// the values rounded by the reference's `nearest_int` in straight-line loops the compiler
+/// vectorises.
+pub(crate) fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    assert_eq!(
+        x.len(),
+        y.len() * QK_K,
+        "quantize_row_q8_k: length mismatch"
+    );
+    for (xb, yb) in x.as_chunks::<QK_K>().0.iter().zip(y) {
+        let mut lanes = [0.0f32; 8];
+        for c in xb.as_chunks::<8>().0 {
+            for (m, v) in lanes.iter_mut().zip(c) {
+                *m = m.max(v.abs());
+            }
+        }
+        let amax = lanes.iter().fold(0.0f32, |m, &v| m.max(v));
+        if amax == 0.0 {
+            *yb = BlockQ8K::default();
+            continue;
+        }
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -127.0f32 / max;
+        for (q, &v) in yb.qs.iter_mut().zip(xb) {
+            // C stores `MIN(127, v)` into an int8_t: truncation, as `as i8`.
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, q) in yb.bsums.iter_mut().zip(yb.qs.as_chunks::<16>().0) {
+            *s = q.iter().map(|&v| v as i16).sum();
+        }
+        yb.d = 1.0 / iscale;
+    }
 }
