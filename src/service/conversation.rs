@@ -105,6 +105,11 @@ impl Turn {
             let mut r = req.clone();
             r.prompt = Prompt::Chat(messages.clone());
             r.system = system.clone();
+            if messages.len() <= 1 {
+                // Only the request's own message is left: it is held to what any request is
+                // (refused past the context, or truncated if it asks to be).
+                break prompt::build(tok, template, &r, n_ctx, max_bytes)?;
+            }
             r.truncate = false;
             let fits = match prompt::build(tok, template, &r, n_ctx, max_bytes) {
                 Ok(b) if b.ids.len() + room <= n_ctx => Ok(b),
@@ -114,8 +119,7 @@ impl Turn {
             };
             match fits {
                 Ok(b) => break b,
-                // The latest message alone is the request's own prompt: as for any request.
-                Err((len, e)) if policy == ContextFull::Refuse || messages.len() <= 1 => {
+                Err((len, e)) if policy == ContextFull::Refuse => {
                     return Err(e.unwrap_or_else(|| {
                         ServiceError::new(
                             ErrorCode::ContextFull,
