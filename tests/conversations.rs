@@ -6,7 +6,7 @@ mod common;
 
 use common::json_of;
 use common::mqtt::{Daemon, Mosquitto, ask, collect, model_arg, publish, subscribe};
-use common::serial::{Pty, unescape};
+use common::serial::{Pty, unescape, until};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -22,10 +22,10 @@ fn qwen() -> String {
     model_arg(&common::model_path(common::QWEN_05B))
 }
 
-/// The daemon on `pty` in line mode, MQTT off, sessions in `state`.
-fn daemon(pty: &Pty, state: &str) -> Daemon {
+/// The daemon on `pty` in `mode` (line, console), MQTT off, sessions in `state`.
+fn daemon(pty: &Pty, mode: &str, state: &str) -> Daemon {
     let m = qwen();
-    let spec = format!("{}:115200:line", pty.path);
+    let spec = format!("{}:115200:{mode}", pty.path);
     let args = [
         "-m",
         &m,
@@ -59,7 +59,7 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
     let mut p = Pty::open();
     let state = tempfile::tempdir().unwrap();
     let sd = state.path().to_str().unwrap().to_owned();
-    let mut d = daemon(&p, &sd);
+    let mut d = daemon(&p, "line", &sd);
     assert_eq!(p.ask("SET max_tokens=16", T), "OK max_tokens=16");
 
     // Without the first turn the model cannot know the name: the control.
@@ -115,7 +115,7 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
     d.child.wait().unwrap();
     drop(d);
     std::fs::remove_file(state.path().join("sessions/shift-a.kv")).unwrap();
-    let d = daemon(&p, &sd);
+    let d = daemon(&p, "line", &sd);
     assert_eq!(p.ask("SET max_tokens=16", T), "OK max_tokens=16");
     let again = answer(&p.ask(&format!("CHAT session=shift-a {QUESTION}"), T));
     assert!(
@@ -325,45 +325,12 @@ fn a_conversation_longer_than_the_context_slides_or_is_refused_as_configured() {
     assert_eq!(refused["error"]["code"], "context_full", "{refused}");
 }
 
-/// Reads the console until `want` has arrived (or fails after `within`): everything read.
-fn until(p: &mut Pty, want: &str, within: Duration) -> String {
-    let end = std::time::Instant::now() + within;
-    let mut got = Vec::new();
-    while std::time::Instant::now() < end {
-        got.extend(p.drain(Duration::from_millis(20)));
-        if String::from_utf8_lossy(&got).contains(want) {
-            return String::from_utf8_lossy(&got).into_owned();
-        }
-    }
-    panic!(
-        "{want:?} not seen within {within:?}; got {:?}",
-        String::from_utf8_lossy(&got)
-    );
-}
-
 #[test]
 fn the_console_continues_its_session_shows_its_history_and_resets_it() {
     let mut p = Pty::open();
     let state = tempfile::tempdir().unwrap();
     let sd = state.path().to_str().unwrap().to_owned();
-    let m = qwen();
-    let spec = format!("{}:115200:console", p.path);
-    let args = [
-        "-m",
-        &m,
-        "--mqtt",
-        "off",
-        "-c",
-        "1024",
-        "-t",
-        "2",
-        "--state-dir",
-        &sd,
-        "--serial",
-        &spec,
-    ];
-    let d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
-    d.wait_log(T, |l| l.contains("serial port open"));
+    let _d = daemon(&p, "console", &sd);
     until(&mut p, "edgellm> ", T);
     let say = |p: &mut Pty, line: &str| {
         p.send(format!("{line}\r").as_bytes());

@@ -4,26 +4,10 @@
 mod common;
 
 use common::mqtt::{Daemon, model_arg};
-use common::serial::Pty;
-use std::time::{Duration, Instant};
+use common::serial::{Pty, until};
+use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
-
-/// Reads until `want` has arrived (or fails after `within`), returning everything read.
-fn until(p: &mut Pty, want: &str, within: Duration) -> String {
-    let end = Instant::now() + within;
-    let mut got = Vec::new();
-    while Instant::now() < end {
-        got.extend(p.drain(Duration::from_millis(20)));
-        if String::from_utf8_lossy(&got).contains(want) {
-            return String::from_utf8_lossy(&got).into_owned();
-        }
-    }
-    panic!(
-        "{want:?} not seen within {within:?}; got {:?}",
-        String::from_utf8_lossy(&got)
-    );
-}
 
 #[test]
 fn the_console_on_a_pty_edits_answers_commands_and_cancels_with_ctrl_c() {

@@ -114,11 +114,15 @@ fn sessions_created_resumed_and_evicted_for_minutes_leave_memory_and_descriptors
         }
     }
     let (rss_warm, fds_warm, _) = warm.expect("the soak ended before its warm-up");
-    let cold = std::fs::read_dir(state.join("sessions"))
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("cold"))
-        .count();
+    let cold_files = |ext: &str| {
+        std::fs::read_dir(state.join("sessions"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cold") && n.ends_with(ext))
+            .count()
+    };
+    let (cold, cold_conversations) = (cold_files(".kv"), cold_files(".conv"));
     eprintln!(
         "soak: {secs} s, {turns} turns over 3 hot and {SESSIONS} cold sessions ({cold} cold files \
          left); RSS after warm-up {rss_warm} KiB, \
@@ -150,5 +154,11 @@ fn sessions_created_resumed_and_evicted_for_minutes_leave_memory_and_descriptors
     assert!(
         0 < cold && cold < SESSIONS.min(turns / 4),
         "{cold} cold session files after {turns} turns: nothing was evicted"
+    );
+    // The budget evicts caches, not conversations: every cold session is still remembered.
+    assert_eq!(
+        cold_conversations,
+        SESSIONS.min(turns / 4),
+        "cold conversations kept"
     );
 }

@@ -2,6 +2,7 @@
 //! and replay an answer to show it comes out the same.
 
 use super::CliResult;
+use super::common::StateDirArgs;
 use edgellm::audit::{self, Entry, Kind, read, replay};
 use edgellm::model::{LoadOptions, Model};
 use serde_json::json;
@@ -36,25 +37,15 @@ enum Command {
     /// One entry, whole, as JSON (with its hash).
     Show(ShowArgs),
     /// Check every entry's hash and its link to the one before; exit 1 at the first bad one.
-    Verify(DirArgs),
+    Verify(StateDirArgs),
     /// Run an entry again with the same model and settings; exit 1 unless the answer matches.
     Replay(ReplayArgs),
 }
 
 #[derive(clap::Args)]
-struct DirArgs {
-    /// The daemon's state directory (state.dir; the unit's is /var/lib/edgellm).
-    #[arg(long, env = "EDGELLM_STATE_DIR", default_value = "/var/lib/edgellm")]
-    state_dir: PathBuf,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(clap::Args)]
 struct ListArgs {
     #[command(flatten)]
-    dir: DirArgs,
+    dir: StateDirArgs,
     /// Only the last N entries.
     #[arg(long)]
     last: Option<usize>,
@@ -65,7 +56,7 @@ struct ShowArgs {
     /// The entry's sequence number (`audit list` shows them).
     seq: u64,
     #[command(flatten)]
-    dir: DirArgs,
+    dir: StateDirArgs,
 }
 
 #[derive(clap::Args)]
@@ -79,7 +70,7 @@ struct ReplayArgs {
     #[arg(short = 't', long, default_value_t = 1)]
     threads: usize,
     #[command(flatten)]
-    dir: DirArgs,
+    dir: StateDirArgs,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -93,7 +84,7 @@ pub fn run(a: Args) -> CliResult {
 
 /// The trail's directory, which must be there: a state directory that does not exist (a typo,
 /// the wrong machine) or holds no trail is said so, never read as a trail with no entries.
-fn trail(d: &DirArgs) -> Result<PathBuf, String> {
+fn trail(d: &StateDirArgs) -> Result<PathBuf, String> {
     use std::io::ErrorKind::NotFound;
     let state = &d.state_dir;
     match std::fs::metadata(state) {
@@ -190,7 +181,7 @@ fn show(s: &ShowArgs) -> CliResult {
     Ok(())
 }
 
-fn verify(d: &DirArgs) -> CliResult {
+fn verify(d: &StateDirArgs) -> CliResult {
     let dir = trail(d)?;
     let v = read::verify(&dir)?;
     if d.json {

@@ -1,4 +1,5 @@
-//! Options shared by the subcommands that load a model and run it.
+//! Options shared by the subcommands that load a model and run it, and by those that read the
+//! daemon's state directory.
 
 use edgellm::engine::{Engine, EngineConfig, default_threads};
 use edgellm::kv::KvType;
@@ -219,3 +220,14 @@ fn release_freed_heap() {
 
 /// Byte sizes (`4096`, `64K`, `256M`, `2G`): one parser for flags and configuration keys.
 pub use edgellm::daemon::parse_size;
+
+/// The daemon's state directory, for the subcommands that read it (`audit`, `sessions`).
+#[derive(clap::Args)]
+pub struct StateDirArgs {
+    /// The daemon's state directory (state.dir; the unit's is /var/lib/edgellm).
+    #[arg(long, env = "EDGELLM_STATE_DIR", default_value = "/var/lib/edgellm")]
+    pub state_dir: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}

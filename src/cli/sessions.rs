@@ -2,6 +2,7 @@
 //! their conversation logs and snapshot files, without a daemon.
 
 use super::CliResult;
+use super::common::StateDirArgs;
 use edgellm::engine::store::SessionId;
 use edgellm::engine::store::conversation::{self, file::MAX_FILE};
 use serde_json::json;
@@ -29,7 +30,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Command {
     /// One line per session: name, turns, messages, bytes of conversation and of cache, age.
-    List(DirArgs),
+    List(StateDirArgs),
     /// One session's conversation, one message a paragraph (or JSON).
     Show(NameArgs),
     /// Forget a session: its conversation and its cache (not while a daemon runs).
@@ -37,21 +38,11 @@ enum Command {
 }
 
 #[derive(clap::Args)]
-struct DirArgs {
-    /// The daemon's state directory (state.dir; the unit's is /var/lib/edgellm).
-    #[arg(long, env = "EDGELLM_STATE_DIR", default_value = "/var/lib/edgellm")]
-    state_dir: PathBuf,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(clap::Args)]
 struct NameArgs {
     /// The session's name: 1-64 of A-Z a-z 0-9 _ - . (not starting with . or -).
     name: SessionId,
     #[command(flatten)]
-    dir: DirArgs,
+    dir: StateDirArgs,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -73,7 +64,7 @@ struct Info {
     age_s: Option<u64>,
 }
 
-fn sessions_dir(d: &DirArgs) -> Result<PathBuf, String> {
+fn sessions_dir(d: &StateDirArgs) -> Result<PathBuf, String> {
     let dir = d.state_dir.join("sessions");
     if !d.state_dir.is_dir() {
         return Err(format!(
@@ -116,7 +107,7 @@ fn info(dir: &Path, name: &str) -> Result<Info, String> {
     })
 }
 
-fn list(d: &DirArgs) -> CliResult {
+fn list(d: &StateDirArgs) -> CliResult {
     let dir = sessions_dir(d)?;
     let mut names = std::collections::BTreeSet::new();
     if let Ok(rd) = std::fs::read_dir(&dir) {

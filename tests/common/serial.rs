@@ -204,3 +204,20 @@ impl Noise {
         }
     }
 }
+
+/// Reads `p` until `want` has arrived (or fails after `within`): everything read (for the
+/// console, whose prompt ends no line).
+pub fn until(p: &mut Pty, want: &str, within: Duration) -> String {
+    let end = Instant::now() + within;
+    let mut got = Vec::new();
+    while Instant::now() < end {
+        got.extend(p.drain(Duration::from_millis(20)));
+        if String::from_utf8_lossy(&got).contains(want) {
+            return String::from_utf8_lossy(&got).into_owned();
+        }
+    }
+    panic!(
+        "{want:?} not seen within {within:?}; got {:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
