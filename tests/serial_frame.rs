@@ -7,7 +7,7 @@ mod common;
 use common::mqtt::{Daemon, model_arg};
 use common::serial::{Pty, rss_kib, run_text};
 use edgellm::serial::frame::codec::{self, Decoded, Decoder};
-use edgellm::serial::frame::{FLAG_RAW, kind, nak};
+use edgellm::serial::frame::{FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, kind, nak};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
@@ -76,11 +76,14 @@ impl Master {
 }
 
 fn daemon(p: &Pty) -> Daemon {
-    let m = model();
+    daemon_with(p, &model(), &["-c", "256"])
+}
+
+/// The daemon in frame mode on `p`, running `m`, with `extra` arguments.
+fn daemon_with(p: &Pty, m: &str, extra: &[&str]) -> Daemon {
     let spec = format!("{}:115200:frame", p.path);
-    let args = [
-        "-m", &m, "--mqtt", "off", "-c", "256", "-t", "2", "--serial", &spec,
-    ];
+    let mut args = vec!["-m", m, "--mqtt", "off", "-t", "2", "--serial", &spec];
+    args.extend_from_slice(extra);
     let d = Daemon::start(&args, &[("EDGELLM_LOG", "info")]);
     let log = d.wait_log(T, |l| l.contains("serial port open"));
     assert!(log.contains("serial port open"), "port not open: {log}");
@@ -160,4 +163,43 @@ fn frames_on_a_pty_answer_acknowledge_repeat_from_cache_and_survive_noise() {
     assert_eq!(again, text);
     assert!(d.is_running());
     d.terminate(Duration::from_secs(20));
+}
+
+#[test]
+fn a_session_over_frames_remembers_turn_one_in_turn_three_and_reset_forgets_it() {
+    let p = Pty::open();
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let qwen = model_arg(&common::model_path(common::QWEN_05B));
+    let _d = daemon_with(&p, &qwen, &["-c", "1024", "--state-dir", sd]);
+    let mut m = Master {
+        p,
+        dec: Decoder::new(codec::MAX_PAYLOAD),
+        pending: Vec::new(),
+    };
+    // A request naming session `rs485-a` (bit 1: its length and name before the prompt).
+    let mut seq = 0u8;
+    let mut turn = |m: &mut Master, flags: u8, text: &str| {
+        seq += 1;
+        let mut p = vec![flags | FLAG_SESSION, 16, 0, 7];
+        p.extend_from_slice(b"rs485-a");
+        p.extend_from_slice(text.as_bytes());
+        m.send(seq, kind::REQUEST, &p);
+        assert_eq!(m.frame(T), (seq, kind::R_ACK, vec![]));
+        m.answer(seq).0
+    };
+    let fact = "My name is Ana and I look after pump seven. Please remember my name.";
+    let question = "What is my name? Answer with the name only.";
+    turn(&mut m, 0, fact);
+    turn(&mut m, 0, "Which planet is the largest?");
+    let third = turn(&mut m, 0, question);
+    assert!(third.contains("Ana"), "turn 3 forgot turn 1: {third}");
+    let history = turn(&mut m, FLAG_HISTORY, "");
+    assert!(
+        history.starts_with(&format!("user: {fact}\n\nassistant: ")),
+        "{history}"
+    );
+    assert_eq!(turn(&mut m, FLAG_RESET, ""), "");
+    let after = turn(&mut m, 0, question);
+    assert!(!after.contains("Ana"), "reset kept the name: {after}");
 }

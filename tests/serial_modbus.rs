@@ -714,3 +714,65 @@ fn rs485_on_a_modbus_rtu_port_is_asked_for_and_a_pty_is_reported_once_and_served
     assert_eq!(log.matches(note).count(), 1, "{log}");
     assert!(log.contains("ENOTTY"), "the reason is named: {log}");
 }
+
+#[test]
+fn a_session_over_modbus_tcp_remembers_turn_one_in_turn_three_and_mode_2_resets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tcp = common::mqtt::free_port();
+    let cfg = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &cfg,
+        format!("[modbus]\ntcp = \"127.0.0.1:{tcp}\"\nunit_id = 7\n"),
+    )
+    .unwrap();
+    let qwen = common::model_path(common::QWEN_05B);
+    let (c, m, sd) = (
+        cfg.to_str().unwrap(),
+        qwen.to_str().unwrap(),
+        dir.path().join("state"),
+    );
+    let s = sd.to_str().unwrap();
+    let _d = Daemon::start(
+        &[
+            "--config",
+            c,
+            "--model",
+            m,
+            "--mqtt",
+            "off",
+            "--ctx",
+            "1024",
+            "-t",
+            "2",
+            "--state-dir",
+            s,
+        ],
+        &[],
+    );
+    let fact = "My name is Ana and I look after pump seven. Please remember my name.";
+    let question = "What is my name? Answer with the name only.";
+    rt().block_on(async {
+        let mut ctx = tcp_master(tcp, 7).await;
+        // SESSION 42 (`modbus-42`), MODE 1: chat messages that continue its conversation.
+        session_mode(&mut ctx, 1).await;
+        ask(&mut ctx, fact, 16, 1).await;
+        ask(&mut ctx, "Which planet is the largest?", 16, 2).await;
+        let third = ask(&mut ctx, question, 16, 3).await;
+        assert!(third.contains("Ana"), "turn 3 forgot turn 1: {third}");
+        session_mode(&mut ctx, 3).await;
+        let history = ask(&mut ctx, "", 0, 4).await;
+        assert!(history.starts_with(&format!("user: {fact}")), "{history}");
+        session_mode(&mut ctx, 2).await;
+        assert_eq!(ask(&mut ctx, "", 0, 5).await, "");
+        session_mode(&mut ctx, 1).await;
+        let after = ask(&mut ctx, question, 16, 6).await;
+        assert!(!after.contains("Ana"), "MODE 2 kept the name: {after}");
+    });
+}
+
+/// SESSION 42 and MODE `mode` (adjacent registers, one write).
+async fn session_mode(ctx: &mut client::Context, mode: u16) {
+    op(ctx.write_multiple_registers(map::SESSION, &[42, mode]))
+        .await
+        .unwrap();
+}
