@@ -79,6 +79,26 @@ fn a_session_on_the_line_remembers_turn_one_in_turn_three_across_a_restart_until
         "the conversation is kept beside the snapshot"
     );
 
+    // A turn cancelled mid-answer is not kept (`sessions list` below counts three turns).
+    assert_eq!(p.ask("SET stream=on", T), "OK stream=on");
+    assert_eq!(p.ask("SET max_tokens=200", T), "OK max_tokens=200");
+    p.send(b"CHAT session=shift-a Write a long story about a robot.\r\n");
+    let first = p.line(T).expect("a first DATA line");
+    assert!(first.starts_with("DATA "), "{first}");
+    // DATA lines may come before and after the reply to CANCEL; the answer ends cancelled.
+    p.send(b"CANCEL\r\n");
+    let mut rest = Vec::new();
+    while rest.last().is_none_or(|l: &String| !l.starts_with("END ")) {
+        rest.push(p.line(T).expect("the rest of the answer"));
+    }
+    assert!(rest.iter().any(|l| l == "OK CANCELLING"), "{rest:?}");
+    assert!(
+        rest.last().unwrap().starts_with("END cancelled "),
+        "{rest:?}"
+    );
+    assert_eq!(p.ask("SET stream=off", T), "OK stream=off");
+    assert_eq!(p.ask("SET max_tokens=16", T), "OK max_tokens=16");
+
     // Another session knows nothing of it.
     let other = answer(&p.ask(&format!("CHAT session=shift-b {QUESTION}"), T));
     assert!(
@@ -267,11 +287,11 @@ fn mqtt_and_ask_continue_a_session_messages_replace_it_and_reset_forgets_it() {
     );
 }
 
-/// The daemon on MQTT with a 256-position context and `[limits] context_full = POLICY`.
-fn small_context(broker: &Mosquitto, policy: &str) -> (Daemon, tempfile::TempDir) {
+/// The daemon on MQTT with a 256-position context and the configuration `toml`.
+fn small_context(broker: &Mosquitto, toml: &str) -> (Daemon, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("edgellm.toml");
-    std::fs::write(&conf, format!("[limits]\ncontext_full = \"{policy}\"\n")).unwrap();
+    std::fs::write(&conf, toml).unwrap();
     let state = dir.path().join("state");
     let (m, b) = (qwen(), format!("127.0.0.1:{}", broker.port));
     let (c, s) = (conf.to_str().unwrap(), state.to_str().unwrap());
@@ -303,7 +323,7 @@ fn long_turn(n: usize) -> Value {
 #[test]
 fn a_conversation_longer_than_the_context_slides_or_is_refused_as_configured() {
     let broker = Mosquitto::start();
-    let (_d, _dir) = small_context(&broker, "slide");
+    let (_d, _dir) = small_context(&broker, "[limits]\ncontext_full = \"slide\"\n");
     let mut dropped = Vec::new();
     for n in 0..8 {
         let a = publish_request(broker.port, long_turn(n));
@@ -317,7 +337,7 @@ fn a_conversation_longer_than_the_context_slides_or_is_refused_as_configured() {
     );
     drop(_d);
 
-    let (_d, _dir) = small_context(&broker, "refuse");
+    let (_d, _dir) = small_context(&broker, "[limits]\ncontext_full = \"refuse\"\n");
     let refused = (0..8)
         .map(|n| publish_request(broker.port, long_turn(n)))
         .find(|a| !a["error"].is_null())
@@ -346,4 +366,24 @@ fn the_console_continues_its_session_shows_its_history_and_resets_it() {
     assert!(say(&mut p, "/reset").contains("session bench forgotten"));
     let after = say(&mut p, QUESTION);
     assert!(!after.contains("Ana"), "reset kept the name: {after:?}");
+}
+
+#[test]
+fn a_conversation_keeps_the_configured_number_of_turns() {
+    let broker = Mosquitto::start();
+    let (d, dir) = small_context(&broker, "[state]\nconversation_turns = 2\n");
+    for n in 0..4 {
+        let a = publish_request(broker.port, long_turn(n));
+        assert!(a["error"].is_null(), "turn {n}: {a}");
+    }
+    drop(d);
+    let state = dir.path().join("state");
+    let out = sessions(&["list", "--json", "--state-dir", state.to_str().unwrap()]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&list[0]["name"], &list[0]["turns"]),
+        (&json!("log"), &json!(4)),
+        "{list}"
+    );
+    assert_eq!(list[0]["messages"], 4, "two turns of four kept: {list}");
 }

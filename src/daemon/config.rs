@@ -434,6 +434,10 @@ impl Config {
             sessions: self.store_config().map_or(Sessions::None, Sessions::Dir),
             chat_template: self.model.chat_template.clone(),
             context_full: l.context_full,
+            conversations: crate::service::ConversationBounds {
+                turns: self.state.conversation_turns,
+                bytes: usize::try_from(self.state.conversation_bytes).unwrap_or(usize::MAX),
+            },
             ..ServiceConfig::default()
         }
     }

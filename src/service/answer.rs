@@ -30,6 +30,7 @@ pub(super) struct Worker {
     pub(super) template: Option<ChatTemplate>,
     pub(super) sessions: OpenSessions,
     pub(super) context_full: super::ContextFull,
+    pub(super) conversations: super::ConversationBounds,
     #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
@@ -301,7 +302,7 @@ impl Worker {
         let mut report = report;
         if let (Some(turn), Some(id), Some(r)) = (turn, &req.session, report.as_mut()) {
             // Logged (and synced) before the answer goes out: an acknowledged turn is kept.
-            r.turn = turn.finish(id, &text, finish);
+            r.turn = turn.finish(id, &text, finish, self.conversations);
         }
         let mut done = done(
             req, built, text, finish, out, recomputed, before_gen, report,

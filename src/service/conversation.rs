@@ -29,11 +29,48 @@ pub enum ContextFull {
     Refuse,
 }
 
-/// Messages a session keeps at most: older turns are dropped from its log as new ones come
-/// (the log stays small whatever a client does; the context holds far fewer anyway).
-pub const MAX_MESSAGES: usize = 256;
-/// Bytes of log past which it is rewritten as one record of what it holds.
-const COMPACT_AT: u64 = 256 << 10;
+/// How much of a conversation a session keeps (`state.conversation_turns`,
+/// `state.conversation_bytes`): past either, its oldest turns leave its log as new ones come,
+/// so the log stays small whatever a client does (the context holds far fewer anyway).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConversationBounds {
+    pub turns: usize,
+    /// Bytes of the messages' text (the system prompt aside).
+    pub bytes: usize,
+}
+
+impl Default for ConversationBounds {
+    fn default() -> Self {
+        ConversationBounds {
+            turns: 128,
+            bytes: 64 << 10,
+        }
+    }
+}
+
+impl ConversationBounds {
+    /// Of `messages` with `adding` more bytes in one more turn, how many of the oldest to drop
+    /// (whole turns) so that what is left is within the bounds.
+    fn excess(self, messages: &[ChatMessage], adding: usize) -> usize {
+        let max_messages = 2 * self.turns.max(1);
+        let mut bytes: usize = messages.iter().map(|m| m.content.len()).sum::<usize>() + adding;
+        let mut drop = (messages.len() + 2).saturating_sub(max_messages);
+        drop = drop.next_multiple_of(2).min(messages.len());
+        bytes -= messages[..drop]
+            .iter()
+            .map(|m| m.content.len())
+            .sum::<usize>();
+        while bytes > self.bytes && drop < messages.len() {
+            let n = 2.min(messages.len() - drop);
+            bytes -= messages[drop..drop + n]
+                .iter()
+                .map(|m| m.content.len())
+                .sum::<usize>();
+            drop += n;
+        }
+        drop
+    }
+}
 
 /// One request's turn in a named session's conversation.
 pub(super) struct Turn {
@@ -163,6 +200,7 @@ impl Turn {
         id: &SessionId,
         answer: &str,
         finish: FinishReason,
+        bounds: ConversationBounds,
     ) -> Option<u64> {
         if !matches!(finish, FinishReason::Eog | FinishReason::Length) {
             tracing::info!(session = %id, ?finish, "turn not kept in the conversation");
@@ -176,9 +214,9 @@ impl Turn {
                 // Drops count the log's messages only (the new one is never dropped), and the
                 // oldest past the bound go too.
                 let c = log.conversation();
-                let keep_after = c.messages.len() - self.dropped_messages + 2;
-                let over = keep_after.saturating_sub(MAX_MESSAGES);
-                let drop = (self.dropped_messages + over.next_multiple_of(2)).min(c.messages.len());
+                let kept = &c.messages[self.dropped_messages.min(c.messages.len())..];
+                let over = bounds.excess(kept, user.len() + answer.len());
+                let drop = (self.dropped_messages + over).min(c.messages.len());
                 if self.system != c.system {
                     // A system prompt given with this turn is the conversation's from now on.
                     records.push(Record::Replace {
@@ -198,8 +236,8 @@ impl Turn {
                 let mut messages = std::mem::take(&mut self.messages);
                 let last_user = messages.last().is_some_and(|m| m.role == "user");
                 let user = if last_user { messages.pop() } else { None };
-                let over = (messages.len() + 2).saturating_sub(MAX_MESSAGES);
-                messages.drain(..over.next_multiple_of(2).min(messages.len()));
+                let adding = user.as_ref().map_or(0, |u| u.content.len()) + answer.len();
+                messages.drain(..bounds.excess(&messages, adding));
                 let (turns, user) = match user {
                     Some(u) => (prior, Some(u.content)),
                     None => {
@@ -226,7 +264,9 @@ impl Turn {
                 return None;
             }
         }
-        if log.len() > COMPACT_AT
+        // Rewritten as one record when the log holds much more than the conversation.
+        let compact_at = (4 * bounds.bytes as u64).max(64 << 10);
+        if log.len() > compact_at
             && let Err(e) = log.compact()
         {
             tracing::warn!(session = %id, "conversation log not compacted: {e}");
@@ -273,4 +313,34 @@ pub fn transcript(path: &Path) -> Result<String, crate::engine::store::StoreErro
         out.push_str(content);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConversationBounds;
+    use crate::tokenizer::ChatMessage;
+
+    fn turns(n: usize, bytes_each: usize) -> Vec<ChatMessage> {
+        (0..2 * n)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                ChatMessage::new(role, "x".repeat(bytes_each))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_oldest_whole_turns_go_past_either_bound() {
+        let b = |turns, bytes| ConversationBounds { turns, bytes };
+        // Within both: nothing goes.
+        assert_eq!(b(4, 1000).excess(&turns(3, 10), 20), 0);
+        // A fourth turn fits 4 turns; a fifth pushes the oldest out.
+        assert_eq!(b(4, 1000).excess(&turns(4, 10), 20), 2);
+        assert_eq!(b(1, 1000).excess(&turns(3, 10), 20), 6);
+        // 3 turns of 2 × 100 bytes and 200 more: 800 > 500, so two turns go (400 left).
+        assert_eq!(b(128, 500).excess(&turns(3, 100), 200), 4);
+        // A new turn larger than the bound alone empties the log, never more.
+        assert_eq!(b(128, 100).excess(&turns(3, 10), 1000), 6);
+        assert_eq!(b(128, 100).excess(&[], 1000), 0);
+    }
 }

@@ -28,7 +28,7 @@ pub mod queue;
 pub mod ticket;
 pub mod worker;
 
-pub use conversation::ContextFull;
+pub use conversation::{ContextFull, ConversationBounds};
 pub use ticket::{Canceller, Ticket};
 pub use worker::{Handle, Service, ServiceConfig, Sessions};
 

@@ -45,6 +45,8 @@ pub struct ServiceConfig {
     pub chat_template: Option<PathBuf>,
     /// What a session whose conversation outgrew the context does.
     pub context_full: super::ContextFull,
+    /// How much of a named session's conversation is kept.
+    pub conversations: super::ConversationBounds,
     /// Events a [`Ticket`] holds before the worker waits for its reader
     /// ([`ticket::CAPACITY`](super::ticket::CAPACITY)).
     pub ticket_capacity: usize,
@@ -63,6 +65,7 @@ impl Default for ServiceConfig {
             sessions: Sessions::None,
             chat_template: None,
             context_full: super::ContextFull::Slide,
+            conversations: super::ConversationBounds::default(),
             ticket_capacity: super::ticket::CAPACITY,
             #[cfg(feature = "test-hooks")]
             test_stall: None,
@@ -345,6 +348,7 @@ impl Service {
             template,
             sessions,
             context_full: cfg.context_full,
+            conversations: cfg.conversations,
             #[cfg(feature = "test-hooks")]
             test_stall: cfg.test_stall,
             recorder,

@@ -101,6 +101,12 @@ impl Config {
         }
         in_range("state.disk_budget", s.disk_budget, 1..=u64::MAX)?;
         in_range("state.ram_budget", s.ram_budget, 1..=u64::MAX)?;
+        in_range("state.conversation_turns", s.conversation_turns, 1..=4096)?;
+        in_range(
+            "state.conversation_bytes",
+            s.conversation_bytes,
+            1 << 10..=16 << 20,
+        )?;
         // Two segments of a quarter each at the least, so rotating one out keeps the other.
         in_range("audit.max_bytes", self.audit.max_bytes, 16 << 10..=u64::MAX)?;
         Ok(())

@@ -177,14 +177,22 @@ pub struct StateConfig {
     pub disk_budget: u64,
     #[serde(deserialize_with = "de_size")]
     pub ram_budget: u64,
+    /// Turns a named session's conversation keeps; older ones leave its log.
+    pub conversation_turns: usize,
+    /// Bytes of text a named session's conversation keeps; older turns leave its log.
+    #[serde(deserialize_with = "de_size")]
+    pub conversation_bytes: u64,
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
+        let bounds = crate::service::ConversationBounds::default();
         StateConfig {
             dir: None,
             disk_budget: 256 << 20,
             ram_budget: 64 << 20,
+            conversation_turns: bounds.turns,
+            conversation_bytes: bounds.bytes as u64,
         }
     }
 }
