@@ -78,7 +78,6 @@ pub(crate) const TABLE: Kernels = Kernels {
         vec_dot_q5_k_q8_k: kquant::vec_dot_q5_k_q8_k,
         matvec_q5_k_q8_k: kquant::matvec_q5_k_q8_k,
         matmul_q5_k_q8_k: kquant::matmul_q5_k_q8_k,
-        ..crate::dispatch::MORE_REFERENCE
     },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,

@@ -48,7 +48,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::dispatch::{Kernels, MORE_REFERENCE, MoreFormats, Path};
+use crate::dispatch::{Kernels, MoreFormats, Path};
 
 /// The AVX2 table. Every kernel has a fast version.
 pub(crate) const AVX2: Kernels = Kernels {
@@ -83,7 +83,6 @@ pub(crate) const AVX2: Kernels = Kernels {
         matvec_q5_1_q8_1: matmul::matvec_q5_1_q8_1,
         matmul_q5_0_q8_0: matmul::matmul_q5_0_q8_0,
         matmul_q5_1_q8_1: matmul::matmul_q5_1_q8_1,
-        ..MORE_REFERENCE
     },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
