@@ -194,14 +194,15 @@ impl LineCore {
                 let p = Prompt::Chat(vec![ChatMessage::new("user", msg)]);
                 self.submit(p, session, None, checksum, env)
             }
-            "RESET" => match SessionId::parse(rest) {
+            // `RESET pump-3` or, as CHAT names it, `RESET session=pump-3` (HISTORY alike).
+            "RESET" => match SessionId::parse(rest.strip_prefix("session=").unwrap_or(rest)) {
                 Ok(id) => {
                     let name = id.as_str().to_owned();
                     self.submit(Prompt::Forget, Some(id), Some(name), checksum, env)
                 }
                 Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
             },
-            "HISTORY" => match SessionId::parse(rest) {
+            "HISTORY" => match SessionId::parse(rest.strip_prefix("session=").unwrap_or(rest)) {
                 Ok(id) => self.submit(Prompt::History, Some(id), None, checksum, env),
                 Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
             },

@@ -276,6 +276,29 @@ fn reset_forgets_a_named_session_through_the_queue() {
     c.on_event(done(FinishReason::Eog, ""), &mut env);
     assert_eq!(env.take(), "OK RESET pump-3\r\n");
     assert!(send(&mut c, &mut env, "RESET a/b\n").starts_with("ERR bad_request"));
+    // As CHAT names a session too.
+    send(&mut c, &mut env, "RESET session=pump-4\n");
+    assert_eq!(
+        env.submitted[1].session.as_ref().unwrap().as_str(),
+        "pump-4"
+    );
+    c.on_event(done(FinishReason::Eog, ""), &mut env);
+    assert_eq!(env.take(), "OK RESET pump-4\r\n");
+}
+
+#[test]
+fn history_answers_a_named_sessions_conversation_through_the_queue() {
+    let (mut c, mut env) = (core(), MemEnv::default());
+    for line in ["HISTORY pump-3\n", "HISTORY session=pump-3\n"] {
+        send(&mut c, &mut env, line);
+        let r = env.submitted.last().unwrap();
+        assert!(matches!(r.prompt, Prompt::History), "{line}");
+        assert_eq!(r.session.as_ref().unwrap().as_str(), "pump-3");
+        c.on_event(Event::Text(Chunk::try_from("user: Hi").unwrap()), &mut env);
+        c.on_event(done(FinishReason::Eog, ""), &mut env);
+        assert_eq!(env.take(), "OK user: Hi\r\n");
+    }
+    assert!(send(&mut c, &mut env, "HISTORY\n").starts_with("ERR bad_request"));
 }
 
 #[test]
