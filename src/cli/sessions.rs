@@ -4,7 +4,7 @@
 use super::CliResult;
 use super::common::StateDirArgs;
 use edgellm::engine::store::SessionId;
-use edgellm::engine::store::conversation::{self, file::MAX_FILE};
+use edgellm::engine::store::conversation;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -77,14 +77,7 @@ fn sessions_dir(d: &StateDirArgs) -> Result<PathBuf, String> {
 
 /// The conversation logged at `path` (none when there is no log or it is not one).
 fn read_log(path: &Path) -> Result<Option<conversation::Conversation>, String> {
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-        Ok(m) if m.len() > MAX_FILE => return Ok(None),
-        Ok(_) => {}
-    }
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(conversation::decode(&bytes).ok().map(|d| d.conversation))
+    conversation::read(path).map_err(|e| e.to_string())
 }
 
 fn info(dir: &Path, name: &str) -> Result<Info, String> {
@@ -173,17 +166,7 @@ fn show(n: &NameArgs) -> CliResult {
         );
         return Ok(());
     }
-    let system = c.system.iter().map(|s| ("system", s.as_str()));
-    let messages = c
-        .messages
-        .iter()
-        .map(|m| (m.role.as_str(), m.content.as_str()));
-    for (i, (role, content)) in system.chain(messages).enumerate() {
-        if i > 0 {
-            println!();
-        }
-        println!("{role}: {content}");
-    }
+    println!("{}", c.transcript());
     Ok(())
 }
 

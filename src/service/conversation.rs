@@ -275,44 +275,14 @@ impl Turn {
     }
 }
 
-/// The conversation logged at `path` as text, one message a paragraph (`system: …`, then
-/// `user: …` and `assistant: …`); empty when there is none. Reading never changes the log.
+/// The conversation logged at `path` as text ([`Conversation::transcript`]); empty when there
+/// is none. Reading never changes the log.
+///
+/// [`Conversation::transcript`]: crate::engine::store::conversation::Conversation::transcript
 pub fn transcript(path: &Path) -> Result<String, crate::engine::store::StoreError> {
-    let too_big = std::fs::metadata(path)
-        .is_ok_and(|m| m.len() > crate::engine::store::conversation::file::MAX_FILE);
-    if too_big {
-        return Ok(String::new());
-    }
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
-        Err(source) => {
-            return Err(crate::engine::store::StoreError::File {
-                file: path.to_owned(),
-                source,
-            });
-        }
-    };
-    // A log this build did not write reads as no conversation, as opening it would treat it.
-    let Ok(d) = crate::engine::store::conversation::decode(&bytes) else {
-        return Ok(String::new());
-    };
-    let c = d.conversation;
-    let mut out = String::new();
-    let system = c.system.iter().map(|s| ("system", s.as_str()));
-    let messages = c
-        .messages
-        .iter()
-        .map(|m| (m.role.as_str(), m.content.as_str()));
-    for (role, content) in system.chain(messages) {
-        if !out.is_empty() {
-            out.push_str("\n\n");
-        }
-        out.push_str(role);
-        out.push_str(": ");
-        out.push_str(content);
-    }
-    Ok(out)
+    Ok(crate::engine::store::conversation::read(path)?
+        .map(|c| c.transcript())
+        .unwrap_or_default())
 }
 
 #[cfg(test)]

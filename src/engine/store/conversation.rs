@@ -30,7 +30,7 @@ use crate::tokenizer::ChatMessage;
 
 pub mod file;
 
-pub use file::{ConversationFile, Opened};
+pub use file::{ConversationFile, Opened, read};
 
 /// The file's first bytes (format version 1).
 pub const MAGIC: [u8; 8] = *b"EDGLCNV1";
@@ -70,6 +70,20 @@ pub enum Record {
 }
 
 impl Conversation {
+    /// As text, one message a paragraph: `system: …`, then `user: …` and `assistant: …`.
+    pub fn transcript(&self) -> String {
+        let system = self.system.iter().map(|s| ("system", s.as_str()));
+        let messages = self
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()));
+        let paragraphs: Vec<String> = system
+            .chain(messages)
+            .map(|(role, content)| format!("{role}: {content}"))
+            .collect();
+        paragraphs.join("\n\n")
+    }
+
     pub fn apply(&mut self, r: Record) {
         match r {
             Record::Turn { user, answer } => {

@@ -13,6 +13,20 @@ use std::path::{Path, PathBuf};
 /// below it), and is set aside rather than read into memory.
 pub const MAX_FILE: u64 = 64 << 20;
 
+/// The conversation logged at `path`, read without changing the file (a torn tail is left for
+/// the daemon's next open to cut): `None` when there is no log, or the file is no log this
+/// build wrote (as opening would treat it). For reading beside a daemon that appends to it.
+pub fn read(path: &Path) -> Result<Option<Conversation>, StoreError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(path)(e)),
+        Ok(m) if m.len() > MAX_FILE => return Ok(None),
+        Ok(_) => {}
+    }
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    Ok(decode(&bytes).ok().map(|d| d.conversation))
+}
+
 /// What opening found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Opened {
