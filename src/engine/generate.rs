@@ -66,6 +66,11 @@ pub struct Timings {
 pub struct GenOutput {
     pub generated: Vec<u32>,
     pub finish: FinishReason,
+    /// Under a constraint: whether the answer has the asked-for shape (it ended where the
+    /// grammar may end, not at `max_tokens`, the context's end or a cancel).
+    pub valid: Option<bool>,
+    /// Under a constraint: what it cost.
+    pub constraint: Option<super::constraint::ConstraintStats>,
     pub top_logits: Vec<(u32, f32)>,
     pub timings: Timings,
 }
@@ -135,10 +140,18 @@ impl Engine {
 
         let mut finish = FinishReason::Length;
         let mut decode_start = None;
-        while generated.len() < params.max_tokens {
+        // The token sampled last and the tokens a constraint forced after it: one chunk.
+        let mut chunk: Vec<u32> = Vec::with_capacity(if sampler.constraint().is_some() {
+            params.max_tokens.min(s.kv.n_ctx())
+        } else {
+            1
+        });
+        'decode: while generated.len() < params.max_tokens {
             let t0 = self.arena.prof.start();
             let logits = &mut self.arena.logits;
-            let tok = sampler.sample(logits, s.tokens());
+            let tok = sampler
+                .next(logits, s.tokens())
+                .map_err(EngineError::Constraint)?;
             if let Some(t0) = t0 {
                 let ns = t0.elapsed().as_nanos() as u64;
                 self.arena.prof.record_outside(super::Op::Sample, ns);
@@ -157,14 +170,43 @@ impl Engine {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            if generated.len() == params.max_tokens {
+            chunk.clear();
+            chunk.push(tok);
+            if let Some(c) = sampler.constraint_mut() {
+                if c.is_complete() {
+                    // The grammar can take nothing more: the answer is whole.
+                    finish = FinishReason::Eog;
+                    break;
+                }
+                let room = (params.max_tokens - generated.len())
+                    .min(s.kv.n_ctx().saturating_sub(s.tokens().len() + 1));
+                let forced = c.forced(room).map_err(EngineError::Constraint)?;
+                let one_by_one = !c.forced_in_chunks;
+                for f in forced {
+                    generated.push(f);
+                    if !on_token(f) {
+                        finish = FinishReason::Cancelled;
+                        break 'decode;
+                    }
+                    if one_by_one {
+                        self.feed(s, &chunk)?;
+                        chunk.clear();
+                    }
+                    chunk.push(f);
+                }
+                if sampler.constraint().is_some_and(|c| c.is_complete()) {
+                    finish = FinishReason::Eog;
+                    break;
+                }
+            }
+            if generated.len() >= params.max_tokens {
                 break;
             }
-            if s.tokens().len() >= s.kv.n_ctx() {
+            if s.tokens().len() + chunk.len() > s.kv.n_ctx() {
                 finish = FinishReason::ContextFull;
                 break;
             }
-            self.feed(s, &[tok])?;
+            self.feed(s, &chunk)?;
         }
         if let Some(t0) = decode_start {
             timings.decode_ms = ms(t0);
@@ -173,9 +215,13 @@ impl Engine {
                 timings.decode_tps = n as f64 / (timings.decode_ms / 1000.0);
             }
         }
+        let constraint = sampler.constraint().map(|c| c.stats());
         Ok(GenOutput {
             generated,
             finish,
+            // Only an answer the grammar saw through to an end: never one cut short.
+            valid: constraint.as_ref().map(|_| finish == FinishReason::Eog),
+            constraint,
             top_logits,
             timings,
         })

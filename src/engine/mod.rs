@@ -1,6 +1,7 @@
 //! The inference engine: buffers sized once at load, a persistent thread pool, sessions that
 //! own their KV cache, and the generate loop.
 
+pub mod constraint;
 mod generate;
 pub mod sampler;
 pub mod store;
@@ -27,6 +28,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("bad configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Constraint(#[from] constraint::ConstraintError),
     #[error(transparent)]
     Kernels(#[from] KernelError),
     #[error("cannot start worker threads: {0}")]

@@ -5,6 +5,7 @@
 //! result depends only on the logits, the settings, the seed and the history, never on the
 //! thread count (sampling runs on one thread).
 
+use super::constraint::{Constraint, ConstraintError};
 use serde::{Deserialize, Serialize};
 
 /// Sampling settings. `temperature <= 0` means greedy.
@@ -131,6 +132,8 @@ pub struct Sampler {
     rng: Rng,
     /// `(logit or probability, token id)`, sized for the vocabulary once.
     cand: Vec<(f32, u32)>,
+    /// The shape every token must keep the answer in.
+    constraint: Option<Box<Constraint>>,
 }
 
 impl Sampler {
@@ -140,6 +143,7 @@ impl Sampler {
             params,
             rng,
             cand: Vec::with_capacity(n_vocab),
+            constraint: None,
         }
     }
 
@@ -155,6 +159,38 @@ impl Sampler {
     /// Picks the next token. `logits` is modified in place by the repetition penalty;
     /// `history` is the sequence so far (prompt and generated).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.penalize(logits, history);
+        self.pick(logits)
+    }
+
+    /// Picks the next token as [`Self::sample`] does, under the sampler's constraint if it has
+    /// one (the token is then taken into the constraint's grammar).
+    pub fn next(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32, ConstraintError> {
+        match self.constraint.take() {
+            None => Ok(self.sample(logits, history)),
+            Some(mut c) => {
+                let r = c.pick(self, logits, history);
+                self.constraint = Some(c);
+                r
+            }
+        }
+    }
+
+    /// From now on every token is picked under `c`.
+    pub fn constrain(&mut self, c: Constraint) {
+        self.constraint = Some(Box::new(c));
+    }
+
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_deref()
+    }
+
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_deref_mut()
+    }
+
+    /// The repetition penalty, applied to `logits` in place.
+    pub(super) fn penalize(&mut self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;
         if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
             let start = history.len().saturating_sub(p.repeat_last_n);
@@ -173,6 +209,11 @@ impl Sampler {
                 }
             }
         }
+    }
+
+    /// A draw from `logits` as they are (top-k, top-p, min-p, temperature; greedy at 0).
+    pub(super) fn pick(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
         if p.temperature <= 0.0 || logits.len() < 2 {
             return argmax(logits) as u32;
         }

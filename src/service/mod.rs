@@ -34,6 +34,7 @@ pub use worker::{Handle, Service, ServiceConfig, Sessions};
 
 use crate::engine::EngineConfig;
 pub use crate::engine::FinishReason;
+use crate::engine::constraint::ConstraintError;
 use crate::engine::store::StoreError;
 use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
 use crate::engine::{EngineError, SamplingParams};
@@ -442,6 +443,8 @@ impl From<EngineError> for ServiceError {
         let code = match e {
             EngineError::ContextFull { .. } => ErrorCode::ContextFull,
             EngineError::BadToken { .. } | EngineError::EmptyPrompt => ErrorCode::BadRequest,
+            EngineError::Constraint(ConstraintError::TooLarge(_)) => ErrorCode::TooLarge,
+            EngineError::Constraint(_) => ErrorCode::BadRequest,
             EngineError::Config(_) | EngineError::Kernels(_) | EngineError::Threads(_) => {
                 ErrorCode::Internal
             }
