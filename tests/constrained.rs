@@ -51,10 +51,25 @@ fn answer(
     max_tokens: usize,
     chunks: bool,
 ) -> Answer {
+    answer_with(e, g, shape, prompt, sampling, max_tokens, chunks, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn answer_with(
+    e: &mut Engine,
+    g: &Grammars,
+    shape: &Shape,
+    prompt: &[u32],
+    sampling: SamplingParams,
+    max_tokens: usize,
+    chunks: bool,
+    always_mask: bool,
+) -> Answer {
     let model = Arc::clone(e.model());
     let tok = &model.tokenizer;
     let mut c = g.compile(shape, max_tokens).unwrap();
     c.forced_in_chunks = chunks;
+    c.always_mask = always_mask;
     let mut sampler = Sampler::new(sampling, model.hp.n_vocab);
     sampler.constrain(c);
     let mut s = e.new_session();
@@ -265,6 +280,30 @@ fn forced_chunks_and_thread_counts_change_no_token() {
                 let v: serde_json::Value = serde_json::from_str(&chunked.text).unwrap();
                 assert!(v["over_limit"].is_boolean(), "{v}");
             }
+        }
+    }
+}
+
+/// A greedy answer checked lazily (the sampled token, then the next likeliest ones) is the
+/// answer the full mask at every token gives.
+#[test]
+fn greedy_lazy_checks_pick_what_the_full_mask_picks() {
+    for name in ["q4_0", "qwen2.5-0.5b"] {
+        let model = load(name);
+        let g = Grammars::new(&model, Limits::default()).unwrap();
+        let mut e = engine(&model, 2);
+        let q = chat(&model, "Alarm: spindle bearing temperature 95 C and rising. Classify it.");
+        let shapes = [
+            Shape::JsonSchema(alarm_schema()),
+            Shape::Regex("(OK|WARN|FAIL) [0-9]{1,3}".into()),
+            Shape::Choice(vec!["stop the line".into(), "slow down".into(), "carry on".into()]),
+        ];
+        for shape in &shapes {
+            let lazy = answer_with(&mut e, &g, shape, &q, SamplingParams::default(), 48, true, false);
+            let full = answer_with(&mut e, &g, shape, &q, SamplingParams::default(), 48, true, true);
+            eprintln!("{name}: {:?}", lazy.text);
+            assert_eq!(lazy.ids, full.ids, "{name} {shape:?}");
+            assert_eq!(lazy.valid, Some(true), "{name} {shape:?}: {:?}", lazy.text);
         }
     }
 }

@@ -46,6 +46,9 @@ fn answer(id: &str, text: &str) -> (Request, Event) {
         generated_ids: vec![7, 2],
         top_logits: Vec::new(),
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     };
     (req, Event::Done(Box::new(done)))

@@ -1,6 +1,7 @@
 //! `edgellm ask`: one question to a daemon over MQTT 5, the answer streamed to stdout.
 
 use super::CliResult;
+use super::common::FormatArgs;
 use super::load;
 use bytes::Bytes;
 use edgellm::daemon::{Broker, TlsConfig};
@@ -104,6 +105,15 @@ pub struct Args {
     #[arg(long, value_name = "C", requires = "repeat",
           value_parser = clap::value_parser!(u32).range(1..=i64::from(load::MAX_CONCURRENCY)))]
     concurrency: Option<u32>,
+    #[command(flatten)]
+    format: FormatArgs,
+    /// The answer has the shape of the daemon's configured format NAME ([schemas] or
+    /// [choices] in its configuration).
+    #[arg(long = "format", value_name = "NAME", conflicts_with = "answer_format")]
+    format_name: Option<String>,
+    /// What the two above ask for, as the request carries it.
+    #[arg(skip)]
+    response_format: Option<contract::ResponseFormat>,
 }
 
 /// The broker connection's security: TLS and credentials, checked as the daemon checks its own.
@@ -178,7 +188,15 @@ fn in_flags(s: &str) -> String {
     .fold(s.to_owned(), |s, (key, flag)| s.replace(key, flag))
 }
 
-pub fn run(a: Args) -> CliResult {
+pub fn run(mut a: Args) -> CliResult {
+    a.response_format = match (&a.format_name, a.format.shape()?) {
+        (Some(name), _) => Some(contract::ResponseFormat {
+            schema_ref: Some(name.clone()),
+            ..Default::default()
+        }),
+        (None, Some(shape)) => Some(contract::ResponseFormat::of(&shape)),
+        (None, None) => None,
+    };
     let (host, port) = a
         .broker
         .rsplit_once(':')
@@ -228,6 +246,7 @@ pub(super) fn nonce() -> u64 {
 /// The request for these arguments (`id` left out when `None`): the daemon's own contract.
 fn request(a: &Args, id: Option<&str>, stream: bool) -> RequestBody {
     RequestBody {
+        response_format: a.response_format.clone(),
         id: id.map(str::to_owned),
         session: a.session.clone(),
         system: a.system.clone(),
@@ -317,6 +336,7 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
                 if r.id().is_some_and(|i| i != id) {
                     continue;
                 }
+                let invalid = matches!(&r, Reply::Final(f) if f.valid == Some(false));
                 match r {
                     Reply::Error { error, .. } => {
                         let _ = client.disconnect().await;
@@ -341,6 +361,14 @@ async fn ask(a: Args, host: String, port: u16, device: String, sec: Security) ->
                     // The daemon sent no chunks (nothing streamed): the whole text now.
                     Reply::Final(f) if expect_seq == 0 => writeln!(out, "{}", f.text)?,
                     Reply::Final(_) => writeln!(out)?,
+                }
+                if invalid {
+                    let _ = client.disconnect().await;
+                    return Err(
+                        "the answer does not have the asked-for shape: it ended before \
+                                the format was complete (raise -n)"
+                            .into(),
+                    );
                 }
                 let _ = client.disconnect().await;
                 return Ok(());

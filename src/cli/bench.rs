@@ -66,6 +66,11 @@ pub struct Args {
     /// a share measured under the machine's load of the moment).
     #[arg(long, conflicts_with = "restore")]
     bandwidth: bool,
+    /// Instead of pp/tg: the cost of an answer format (a JSON Schema file, *.json, or a Lark
+    /// grammar): decode t/s of a chat answer unconstrained (-n tokens) and under the format,
+    /// their ratio, and the format's check per sampled token (mean, p99) against a decode step.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["restore", "profile", "svg", "bandwidth"])]
+    grammar: Option<PathBuf>,
 }
 
 /// What was measured at one thread count.
@@ -125,6 +130,21 @@ pub fn run(a: Args) -> CliResult {
             reps: a.repetitions,
             json: a.json,
             dir: a.restore_dir.as_deref(),
+        })?);
+    }
+    if let Some(file) = &a.grammar {
+        let configs = threads_list
+            .iter()
+            .map(|&t| a.model.engine_config(t))
+            .collect();
+        return Ok(super::bench_grammar::run(super::bench_grammar::Opts {
+            model_path: a.model.path(),
+            model,
+            file,
+            configs,
+            n_gen: a.n_gen,
+            reps: a.repetitions,
+            json: a.json,
         })?);
     }
     let n_vocab = model.hp.n_vocab as u32;

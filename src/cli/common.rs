@@ -231,3 +231,59 @@ pub struct StateDirArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// The shape an answer must have: the flags `run` and `ask` share.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[group(id = "answer_format", multiple = false)]
+pub struct FormatArgs {
+    /// The answer is JSON valid under this JSON Schema (a file). Keywords the grammar cannot
+    /// enforce (e.g. uniqueItems) are refused by name.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
+    /// The answer is a JSON object of any shape.
+    #[arg(long)]
+    pub json_object: bool,
+    /// The answer matches this regular expression, whole (no backtracking: any pattern runs
+    /// in bounded time).
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+    /// The answer is exactly one of these, comma-separated (e.g. low,high,critical).
+    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
+    pub choice: Option<Vec<String>>,
+    /// The answer follows this Lark grammar (a file, llguidance's dialect).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+}
+
+/// Largest schema or grammar file read (the service bounds what it compiles further).
+const MAX_FORMAT_FILE: u64 = 16 << 20;
+
+impl FormatArgs {
+    /// The shape asked for, if any, with its file read.
+    pub fn shape(&self) -> Result<Option<edgellm::service::Shape>, String> {
+        use edgellm::service::Shape;
+        let read = |flag: &str, p: &Path| -> Result<String, String> {
+            let meta = std::fs::metadata(p).map_err(|e| format!("{flag} {}: {e}", p.display()))?;
+            if meta.len() > MAX_FORMAT_FILE {
+                return Err(format!("{flag} {}: larger than 16 MiB", p.display()));
+            }
+            std::fs::read_to_string(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
+        };
+        Ok(if let Some(p) = &self.json_schema {
+            let text = read("--json-schema", p)?;
+            let v = serde_json::from_str(&text)
+                .map_err(|e| format!("--json-schema {}: not JSON: {e}", p.display()))?;
+            Some(Shape::JsonSchema(v))
+        } else if self.json_object {
+            Some(Shape::JsonObject)
+        } else if let Some(r) = &self.regex {
+            Some(Shape::Regex(r.clone()))
+        } else if let Some(c) = &self.choice {
+            Some(Shape::Choice(c.clone()))
+        } else if let Some(p) = &self.grammar {
+            Some(Shape::Lark(read("--grammar", p)?))
+        } else {
+            None
+        })
+    }
+}

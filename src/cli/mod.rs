@@ -8,6 +8,7 @@ mod ask;
 mod audit;
 mod bench;
 mod bench_bw;
+mod bench_grammar;
 mod bench_restore;
 mod board;
 mod common;

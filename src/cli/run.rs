@@ -1,11 +1,11 @@
 //! `edgellm run`: one prompt in, a completion out (streamed, or one JSON object at the end).
 
 use super::CliResult;
-use super::common::{ModelArgs, parse_size};
+use super::common::{FormatArgs, ModelArgs, parse_size};
 use edgellm::engine::SamplingParams;
 use edgellm::engine::store::{SessionId, StoreConfig};
 use edgellm::service::{
-    ErrorCode, Event, FinishReason, Prompt, Request, Service, ServiceConfig, Sessions,
+    ErrorCode, Event, FinishReason, Format, Prompt, Request, Service, ServiceConfig, Sessions,
 };
 use edgellm::tokenizer::ChatMessage;
 use serde_json::json;
@@ -118,6 +118,8 @@ pub struct Args {
     /// is text: a typed control token cannot open or close a turn.
     #[arg(long, conflicts_with = "chat")]
     raw_special: bool,
+    #[command(flatten)]
+    format: FormatArgs,
 }
 
 /// Largest prompt file read.
@@ -144,7 +146,7 @@ fn read_prompt(a: &Args) -> Result<String, String> {
 }
 
 /// The request this run makes of the service.
-fn request(a: &Args, prompt: String) -> Request {
+fn request(a: &Args, prompt: String) -> Result<Request, String> {
     let prompt = if a.chat {
         Prompt::Chat(vec![ChatMessage::new("user", prompt)])
     } else {
@@ -168,13 +170,17 @@ fn request(a: &Args, prompt: String) -> Request {
     req.max_tokens = a.max_tokens;
     req.top_logits = a.top_logits;
     req.truncate = a.truncate;
-    req
+    req.format = a
+        .format
+        .shape()?
+        .map(|s| Format::Shape(std::sync::Arc::new(s)));
+    Ok(req)
 }
 
 /// `edgellm run` is a client of the service: one request, its events printed as they come.
 pub fn run(a: Args) -> CliResult {
     let prompt = read_prompt(&a)?;
-    let req = request(&a, prompt);
+    let req = request(&a, prompt)?;
     req.sampling.validate()?;
     let loaded = a.model.load()?;
     let kernels = loaded.engine.kernels().name();
@@ -260,6 +266,13 @@ pub fn run(a: Args) -> CliResult {
         if let Some(r) = &d.session {
             v["session"] = serde_json::to_value(r)?;
         }
+        if let Some(valid) = d.valid {
+            v["valid"] = valid.into();
+            v["format"] = serde_json::to_value(&d.constraint)?;
+        }
+        if let Some(j) = &d.json {
+            v["json"] = j.clone();
+        }
         writeln!(out, "{v}")?;
     } else {
         if !d.text.ends_with('\n') {
@@ -268,6 +281,15 @@ pub fn run(a: Args) -> CliResult {
         if d.finish_reason == FinishReason::ContextFull {
             tracing::warn!("generation stopped: the context ({n_ctx} tokens) is full");
         }
+    }
+    if d.valid == Some(false) {
+        return Err(format!(
+            "the answer does not have the asked-for shape: it ended ({}) after {} tokens \
+             before the format was complete (raise -n)",
+            d.finish_reason.as_str(),
+            d.generated_ids.len()
+        )
+        .into());
     }
     Ok(())
 }

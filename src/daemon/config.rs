@@ -19,9 +19,10 @@ use crate::board::Profile;
 use crate::engine::store::StoreConfig;
 use crate::engine::{EngineConfig, default_threads};
 use crate::mqtt::contract::{Limits, MAX_NAME_LEN, NameError, Topics};
-use crate::service::{ServiceConfig, Sessions};
+use crate::service::{ServiceConfig, Sessions, Shape};
 use check::{Bad, bad};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -165,6 +166,11 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub audit: AuditSection,
     pub log: LogConfig,
+    /// `[schemas]`: answer formats by name, each a JSON Schema file (`alarm = "alarm.json"`).
+    pub schemas: BTreeMap<String, PathBuf>,
+    /// `[choices]`: answer formats by name, each a list of the answers allowed
+    /// (`severity = ["low", "high"]`).
+    pub choices: BTreeMap<String, Vec<String>>,
     /// The file it was loaded from.
     #[serde(skip)]
     file: Option<PathBuf>,
@@ -438,6 +444,7 @@ impl Config {
                 turns: self.state.conversation_turns,
                 bytes: usize::try_from(self.state.conversation_bytes).unwrap_or(usize::MAX),
             },
+            format_limits: l.format_limits(),
             ..ServiceConfig::default()
         }
     }
@@ -528,6 +535,28 @@ impl Config {
             t.key_file.iter_mut().for_each(fix);
         }
         self.serial.iter_mut().for_each(|s| fix(&mut s.path));
+        self.schemas.values_mut().for_each(fix);
+    }
+
+    /// The named answer formats of `[schemas]` (each file read and parsed) and `[choices]`.
+    pub fn formats(&self) -> Result<BTreeMap<String, Shape>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for (name, path) in &self.schemas {
+            let key = format!("schemas.{name}");
+            let max = self.limits.format_max_bytes;
+            let (text, _) = read_bounded(path, max)?;
+            let schema: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+                self.invalid(bad(
+                    &key,
+                    format!("{}: not a JSON schema: {e}", path.display()),
+                ))
+            })?;
+            out.insert(name.clone(), Shape::JsonSchema(schema));
+        }
+        for (name, options) in &self.choices {
+            out.insert(name.clone(), Shape::Choice(options.clone()));
+        }
+        Ok(out)
     }
 }
 

@@ -95,6 +95,10 @@ fn audit_opener(
 /// Runs the daemon until SIGTERM or SIGINT. `model` is the resolved model path.
 pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonError> {
     let started = Instant::now();
+    // Before the model loads: a schema file that cannot be read is said at once.
+    let formats = cfg
+        .formats()
+        .map_err(|e| DaemonError::Config(e.to_string()))?;
     #[cfg(feature = "test-hooks")]
     let hooks = super::hooks::TestHooks::from_env();
     let notifier = Arc::new(Notifier::from_env());
@@ -139,10 +143,16 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         crate::service::ServiceConfig {
             #[cfg(feature = "test-hooks")]
             test_stall: hooks.stall,
+            formats: std::sync::Arc::new(formats),
             ..cfg.service_config()
         },
         recorder,
-    )?;
+    )
+    .map_err(|e| match e.code {
+        // A configured format the grammar engine refuses: the configuration's fault.
+        crate::service::ErrorCode::BadRequest => DaemonError::Config(e.message),
+        _ => e.into(),
+    })?;
     let handle = service.handle();
     tracing::info!(
         model = %model.display(),

@@ -130,23 +130,57 @@ impl Engine {
             ..Default::default()
         };
 
-        let logits = self.feed(s, &prompt[reuse..])?;
+        // What a constraint forces before the model has said anything (`{"severity": ` of a
+        // schema's first key) goes in with the prompt: answer tokens, but no step each.
+        let mut finish = FinishReason::Length;
+        let mut decode_start = None;
+        let mut fed: Vec<u32> = Vec::new();
+        let mut complete = false;
+        if let Some(c) = sampler.constraint_mut() {
+            let room = params
+                .max_tokens
+                .min(s.kv.n_ctx().saturating_sub(prompt.len() + 1));
+            let forced = c.forced(room).map_err(EngineError::Constraint)?;
+            complete = c.is_complete();
+            if !forced.is_empty() {
+                for &f in &forced {
+                    generated.push(f);
+                    if !on_token(f) {
+                        finish = FinishReason::Cancelled;
+                        complete = true;
+                        break;
+                    }
+                }
+                fed = [&prompt[reuse..], &forced[..]].concat();
+            }
+        }
+        let logits = if fed.is_empty() {
+            self.feed(s, &prompt[reuse..])?
+        } else {
+            self.feed(s, &fed)?
+        };
         timings.prompt_ms = ms(start);
+        // Tokens out before the first sampled one (forced with the prompt): not decode steps.
+        let before_decode = generated.len() + 1;
+        if !generated.is_empty() {
+            timings.ttft_ms = timings.prompt_ms;
+        }
         let top_logits = if params.top_logits > 0 {
             top_k_logits(logits, params.top_logits)
         } else {
             Vec::new()
         };
+        if complete && finish != FinishReason::Cancelled {
+            finish = FinishReason::Eog;
+        }
 
-        let mut finish = FinishReason::Length;
-        let mut decode_start = None;
         // The token sampled last and the tokens a constraint forced after it: one chunk.
         let mut chunk: Vec<u32> = Vec::with_capacity(if sampler.constraint().is_some() {
             params.max_tokens.min(s.kv.n_ctx())
         } else {
             1
         });
-        'decode: while generated.len() < params.max_tokens {
+        'decode: while !complete && generated.len() < params.max_tokens {
             let t0 = self.arena.prof.start();
             let logits = &mut self.arena.logits;
             let tok = sampler
@@ -157,8 +191,10 @@ impl Engine {
                 self.arena.prof.record_outside(super::Op::Sample, ns);
             }
             generated.push(tok);
-            if generated.len() == 1 {
-                timings.ttft_ms = ms(start);
+            if decode_start.is_none() {
+                if generated.len() == 1 {
+                    timings.ttft_ms = ms(start);
+                }
                 decode_start = Some(Instant::now());
             }
             let go_on = on_token(tok);
@@ -210,7 +246,7 @@ impl Engine {
         }
         if let Some(t0) = decode_start {
             timings.decode_ms = ms(t0);
-            let n = generated.len().saturating_sub(1);
+            let n = generated.len().saturating_sub(before_decode);
             if n > 0 && timings.decode_ms > 0.0 {
                 timings.decode_tps = n as f64 / (timings.decode_ms / 1000.0);
             }

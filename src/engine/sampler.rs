@@ -189,6 +189,11 @@ impl Sampler {
         self.constraint.as_deref_mut()
     }
 
+    /// Whether a draw is the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0
+    }
+
     /// The repetition penalty, applied to `logits` in place.
     pub(super) fn penalize(&mut self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;

@@ -25,10 +25,11 @@ pub use answer::{
 
 use crate::engine::SamplingParams;
 use crate::engine::store::SessionId;
-use crate::service::{ErrorCode, Prompt, Request, ServiceError, check_id};
+use crate::service::{ErrorCode, Format, Prompt, Request, ServiceError, Shape, check_id};
 use crate::tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest topic prefix, device id or fleet group name.
@@ -156,6 +157,91 @@ pub struct RequestBody {
     /// With `session` and no prompt: answer the session's conversation as text.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub history: bool,
+    /// The shape the answer must have.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`: `{"type": "json_schema", "schema": {…}}`, `{"type": "json_object"}`,
+/// `{"type": "regex", "pattern": "…"}`, `{"type": "choice", "options": […]}`,
+/// `{"type": "lark", "grammar": "…"}`, or a configured one by name: `{"schema_ref": "alarm"}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_ref: Option<String>,
+}
+
+impl ResponseFormat {
+    /// The `response_format` that asks for `shape`.
+    pub fn of(shape: &Shape) -> ResponseFormat {
+        let mut f = ResponseFormat {
+            kind: Some(shape.kind().to_owned()),
+            ..Default::default()
+        };
+        match shape {
+            Shape::JsonSchema(v) => f.schema = Some(v.clone()),
+            Shape::JsonObject => {}
+            Shape::Regex(r) => f.pattern = Some(r.clone()),
+            Shape::Choice(o) => f.options = Some(o.clone()),
+            Shape::Lark(g) => f.grammar = Some(g.clone()),
+        }
+        f
+    }
+
+    /// The service's format, or why this one is not one.
+    pub fn to_format(&self) -> Result<Format, String> {
+        let given = [
+            ("schema", self.schema.is_some()),
+            ("pattern", self.pattern.is_some()),
+            ("options", self.options.is_some()),
+            ("grammar", self.grammar.is_some()),
+        ];
+        let extra = |allowed: &str| {
+            given
+                .iter()
+                .find(|(name, set)| *set && *name != allowed)
+                .map(|(name, _)| name.to_string())
+        };
+        if let Some(name) = &self.schema_ref {
+            if self.kind.is_some() || given.iter().any(|g| g.1) {
+                return Err("response_format: schema_ref stands alone".into());
+            }
+            return Ok(Format::Named(name.clone()));
+        }
+        let kind = self.kind.as_deref().ok_or(
+            "response_format needs a type (json_schema, json_object, regex, choice, lark) or a \
+             schema_ref",
+        )?;
+        let (shape, field) = match kind {
+            "json_schema" => (self.schema.clone().map(Shape::JsonSchema), "schema"),
+            "json_object" => (Some(Shape::JsonObject), ""),
+            "regex" => (self.pattern.clone().map(Shape::Regex), "pattern"),
+            "choice" => (self.options.clone().map(Shape::Choice), "options"),
+            "lark" => (self.grammar.clone().map(Shape::Lark), "grammar"),
+            other => {
+                return Err(format!(
+                    "response_format type {other:?} is none of json_schema, json_object, regex, \
+                     choice, lark"
+                ));
+            }
+        };
+        if let Some(x) = extra(field) {
+            return Err(format!("response_format of type {kind} takes no {x}"));
+        }
+        let shape = shape.ok_or_else(|| format!("response_format of type {kind} needs {field}"))?;
+        Ok(Format::Shape(Arc::new(shape)))
+    }
 }
 
 impl RequestBody {
@@ -307,6 +393,10 @@ pub fn parse_request(
         ..d
     };
     sampling.validate().map_err(|e| bad(e.to_string()))?;
+    let format = match &wire.response_format {
+        None => None,
+        Some(f) => Some(f.to_format().map_err(bad)?),
+    };
     let mut request = Request::new(id, source, prompt);
     request.system = wire.system;
     request.session = session;
@@ -314,6 +404,7 @@ pub fn parse_request(
     request.sampling = sampling;
     request.max_tokens = max_tokens;
     request.deadline = limits.timeout.map(|t| now + t);
+    request.format = format;
     Ok(Parsed {
         request,
         stream: wire.stream,

@@ -77,6 +77,9 @@ fn done(id: &str, text: &str) -> Event {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }))
 }

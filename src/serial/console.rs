@@ -20,8 +20,9 @@
 use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{Event, Prompt, Request};
+use crate::service::{Event, Format, Prompt, Request, Shape};
 use crate::tokenizer::ChatMessage;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The largest configurable line, in bytes.
@@ -42,6 +43,8 @@ Commands (alone on the line; any other line goes to the model):
   /session NAME  messages continue the named session's conversation (/session: which)
   /reset     forget this console's session (its conversation)
   /history   show this console's session's conversation
+  /format NAME   answers in the configured format NAME (/format off: free text)
+  /choice a|b|c  answers are exactly one of a, b, c (/choice off: free text)
   log [N]    the daemon's last N log lines (20, at most 200)
 Editing: Backspace erases a character, Ctrl-U the line, Ctrl-C clears it.
 ";
@@ -118,6 +121,8 @@ pub struct ConsoleCore {
     running: Option<Running>,
     /// The named session this console's chat messages continue (`/session NAME`).
     session: Option<SessionId>,
+    /// The shape answers must have (`/format NAME`, `/choice a|b|c`).
+    format: Option<Format>,
 }
 
 impl ConsoleCore {
@@ -137,6 +142,7 @@ impl ConsoleCore {
             overlong: false,
             running: None,
             session: None,
+            format: None,
         })
     }
 
@@ -331,6 +337,39 @@ impl ConsoleCore {
                 };
                 return self.send(prompt, kind, Some(id), env);
             }
+            (Some(cmd @ ("/format" | "/choice")), None, _) => write_text(
+                env,
+                &match (&self.format, cmd) {
+                    (Some(Format::Named(n)), _) => format!("format {n}\n"),
+                    (Some(Format::Shape(s)), _) => format!("format: a {}\n", s.kind()),
+                    (None, _) => "no format: answers are free text\n".to_owned(),
+                },
+            ),
+            (Some("/format" | "/choice"), Some("off"), None) => {
+                self.format = None;
+                write_text(env, "no format: answers are free text\n");
+            }
+            (Some("/format"), Some(name), None) => {
+                write_text(
+                    env,
+                    &format!("format {name}: answers must have its shape\n"),
+                );
+                self.format = Some(Format::Named(name.to_owned()));
+            }
+            (Some("/choice"), Some(_), _) => {
+                // The options are the rest of the line, spaces and all.
+                let list = text["/choice".len()..].trim();
+                let options: Vec<String> = list.split('|').map(|o| o.trim().to_owned()).collect();
+                if options.iter().any(String::is_empty) {
+                    write_text(env, "choice: an option is empty; write /choice a|b|c\n");
+                } else {
+                    write_text(
+                        env,
+                        &format!("answers are one of: {}\n", options.join(", ")),
+                    );
+                    self.format = Some(Format::Shape(Arc::new(Shape::Choice(options))));
+                }
+            }
             (Some("log"), n, None) => match n.map(str::parse::<usize>) {
                 None => log(env, LOG_LINES),
                 Some(Ok(n)) => log(env, n.min(LOG_MAX)),
@@ -367,6 +406,9 @@ impl ConsoleCore {
         req.session = session;
         req.max_tokens = self.max_tokens;
         req.deadline = self.timeout.map(|t| env.now() + t);
+        if kind == Kind::Chat {
+            req.format = self.format.clone();
+        }
         match env.submit(req) {
             Ok(()) => {
                 env.count(Count::Requests);
@@ -427,8 +469,13 @@ impl Core for ConsoleCore {
                 self.end_answer(end, env);
             }
             Event::Done(d) => {
+                let shape = match d.valid {
+                    Some(true) => " · valid",
+                    Some(false) => " · NOT VALID: the answer lacks the format's shape",
+                    None => "",
+                };
                 let summary = format!(
-                    "[{} · {} prompt tokens · {} tokens · {:.1} tok/s]\n",
+                    "[{}{shape} · {} prompt tokens · {} tokens · {:.1} tok/s]\n",
                     d.finish_reason.as_str(),
                     d.usage.prompt_tokens,
                     d.usage.completion_tokens,

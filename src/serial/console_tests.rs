@@ -48,6 +48,9 @@ fn done(finish: FinishReason) -> Event {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }))
 }

@@ -18,8 +18,9 @@
 use super::core::{Core, Env};
 use super::stats::Count;
 use crate::engine::store::SessionId;
-use crate::service::{Event, FinishReason, Prompt, Request, ServiceError};
+use crate::service::{Event, FinishReason, Format, Prompt, Request, ServiceError, Shape};
 use crate::tokenizer::ChatMessage;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a line port is bounded.
@@ -46,6 +47,8 @@ struct Settings {
     seed: u64,
     stream: bool,
     system: Option<String>,
+    /// The shape answers must have (`SET format=NAME`, `SET choice=a|b|c`).
+    format: Option<Format>,
 }
 
 /// The request this port is answering.
@@ -75,6 +78,7 @@ impl LineCore {
             seed: 0,
             stream: false,
             system: None,
+            format: None,
         };
         LineCore {
             // Sized once: `push` below never lets it grow past this.
@@ -253,13 +257,29 @@ impl LineCore {
                 return bad(env, format!("longer than {MAX_SYSTEM} bytes"));
             }
             "system" => self.set.system = (!value.is_empty()).then(|| value.to_owned()),
+            // Empty or `off` ends it; a name is looked up by the service when a request uses it.
+            "format" if value.is_empty() || value.eq_ignore_ascii_case("off") => {
+                self.set.format = None
+            }
+            "format" => self.set.format = Some(Format::Named(value.to_owned())),
+            "choice" if value.is_empty() || value.eq_ignore_ascii_case("off") => {
+                self.set.format = None
+            }
+            "choice" => {
+                let options: Vec<String> = value.split('|').map(str::to_owned).collect();
+                if options.iter().any(String::is_empty) {
+                    return bad(env, "an option is empty: write a|b|c".into());
+                }
+                self.set.format = Some(Format::Shape(Arc::new(Shape::Choice(options))));
+            }
             _ => {
                 return reply(
                     env,
                     checksum,
                     "ERR bad_request ",
                     &format!(
-                        "unknown setting {key:?}: max_tokens, temperature, seed, stream, system"
+                        "unknown setting {key:?}: max_tokens, temperature, seed, stream, system, \
+                         format, choice"
                     ),
                 );
             }
@@ -294,6 +314,9 @@ impl LineCore {
         req.sampling.temperature = self.set.temperature;
         req.sampling.seed = self.set.seed;
         req.deadline = self.cfg.timeout.map(|t| env.now() + t);
+        if matches!(req.prompt, Prompt::Chat(_) | Prompt::Text { .. }) {
+            req.format = self.set.format.clone();
+        }
         match env.submit(req) {
             Ok(()) => {
                 env.count(Count::Requests);
@@ -335,13 +358,30 @@ impl Core for LineCore {
                     return reply(env, cs, "OK RESET ", &id);
                 }
                 if self.set.stream {
-                    let end = format!(
+                    let mut end = format!(
                         "{} {} {}",
                         d.finish_reason.as_str(),
                         d.usage.prompt_tokens,
                         d.usage.completion_tokens
                     );
+                    if let Some(v) = d.valid {
+                        end.push_str(if v { " valid" } else { " invalid" });
+                    }
                     return reply_raw(env, cs, "END ", &end);
+                }
+                if d.valid == Some(false)
+                    && !matches!(
+                        d.finish_reason,
+                        FinishReason::Cancelled | FinishReason::Timeout
+                    )
+                {
+                    // Never an answer that lacks its shape on an `OK` line.
+                    let why = format!(
+                        "the answer ended ({}) before it had the format's shape: {}",
+                        d.finish_reason.as_str(),
+                        run.text
+                    );
+                    return reply(env, cs, "ERR invalid ", &why);
                 }
                 match d.finish_reason {
                     FinishReason::Cancelled => {
@@ -376,7 +416,8 @@ impl Core for LineCore {
 
 const COMMANDS: &str = "PING GEN CHAT STATUS CANCEL RESET HISTORY SET HELP";
 const HELP: &str = "PING | GEN <text> | CHAT [session=<id>] <message> | STATUS | CANCEL | \
-                    RESET <session> | HISTORY <session> | SET max_tokens|temperature|seed|stream|system=<value> | \
+                    RESET <session> | HISTORY <session> | \
+                    SET max_tokens|temperature|seed|stream|system|format|choice=<value> | \
                     HELP; end lines with CR or LF; optional *HH checksum (XOR of the bytes)";
 
 fn yes_no(b: bool) -> &'static str {

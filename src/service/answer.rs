@@ -9,9 +9,11 @@ use super::{
     Chunk, Done, ErrorCode, Event, FinishReason, Recorder, Request, ServiceError, SessionReport,
     Timings, Usage,
 };
+use crate::engine::constraint::Grammars;
 use crate::engine::store::{SessionFile, SessionStore, Source};
 use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
 use crate::tokenizer::{ChatTemplate, StreamDecoder};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -31,6 +33,10 @@ pub(super) struct Worker {
     pub(super) sessions: OpenSessions,
     pub(super) context_full: super::ContextFull,
     pub(super) conversations: super::ConversationBounds,
+    pub(super) formats: Arc<BTreeMap<String, super::Shape>>,
+    pub(super) format_limits: super::FormatLimits,
+    /// The model's grammar tables: built with the first format asked for, then kept.
+    pub(super) grammars: Option<Grammars>,
     #[cfg(feature = "test-hooks")]
     pub(super) test_stall: Option<std::time::Duration>,
     pub(super) recorder: Option<Box<dyn Recorder>>,
@@ -175,10 +181,9 @@ impl Worker {
         if let Err(e) = req.sampling.validate() {
             return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
         }
-        let engine = &mut self.engine;
-        let model = Arc::clone(engine.model());
+        let model = Arc::clone(self.engine.model());
         let tok = &model.tokenizer;
-        let n_ctx = engine.config().n_ctx;
+        let n_ctx = self.engine.config().n_ctx;
         let max_bytes = self.shared.max_prompt_bytes.load(Ordering::Relaxed);
         // A chat in a named session goes on from the session's conversation.
         let (built, turn) = match (&self.sessions, &req.session, &req.prompt) {
@@ -205,6 +210,22 @@ impl Worker {
             top_logits: req.top_logits,
         };
         let mut sampler = Sampler::new(req.sampling.clone(), model.hp.n_vocab);
+        let shape = match &req.format {
+            None => None,
+            Some(f) => {
+                let shape = self.shape(f)?;
+                let grammars = match &mut self.grammars {
+                    Some(g) => g,
+                    slot => slot.insert(
+                        Grammars::new(&model, self.format_limits)
+                            .map_err(|e| ServiceError::new(ErrorCode::Internal, e))?,
+                    ),
+                };
+                sampler.constrain(grammars.compile(&shape, req.max_tokens)?);
+                Some(shape)
+            }
+        };
+        let engine = &mut self.engine;
         let is_eog = |t: u32| tok.is_eog(t);
 
         let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
@@ -308,11 +329,47 @@ impl Worker {
             req, built, text, finish, out, recomputed, before_gen, report,
         );
         done.usage.dropped_turns = dropped_turns;
+        if let Some(shape) = shape {
+            if done.valid == Some(true) && shape.is_json() {
+                match serde_json::from_str(&done.text) {
+                    Ok(v) => done.json = Some(v),
+                    // The grammar admits only JSON; this would be a fault of it, told as such.
+                    Err(e) => {
+                        tracing::error!(request = req.id, "a valid answer is not JSON: {e}");
+                        done.valid = Some(false);
+                    }
+                }
+            }
+        }
         Ok(done)
     }
 }
 
 impl Worker {
+    /// The shape a request's format stands for.
+    fn shape(&self, f: &super::Format) -> Result<Arc<super::Shape>, ServiceError> {
+        match f {
+            super::Format::Shape(s) => Ok(Arc::clone(s)),
+            super::Format::Named(name) => match self.formats.get(name) {
+                Some(s) => Ok(Arc::new(s.clone())),
+                None => {
+                    let known: Vec<&str> = self.formats.keys().map(String::as_str).collect();
+                    Err(ServiceError::new(
+                        ErrorCode::BadRequest,
+                        if known.is_empty() {
+                            format!("no format is named {name:?}: none is configured")
+                        } else {
+                            format!(
+                                "no format is named {name:?}; the configured ones are {}",
+                                known.join(", ")
+                            )
+                        },
+                    ))
+                }
+            },
+        }
+    }
+
     /// [`Prompt::Forget`](super::Prompt::Forget): deletes the named session.
     fn forget(&mut self, req: &Request) -> Result<Done, ServiceError> {
         let (OpenSessions::Dir(store, _), Some(id)) = (&mut self.sessions, &req.session) else {
@@ -353,6 +410,9 @@ fn empty_done(req: &Request, text: String) -> Done {
         top_logits: Vec::new(),
         truncated_tokens: 0,
         session: None,
+        valid: None,
+        json: None,
+        constraint: None,
     }
 }
 
@@ -418,6 +478,9 @@ fn done(
         top_logits: out.top_logits,
         truncated_tokens: built.truncated,
         session,
+        valid: out.valid,
+        json: None,
+        constraint: out.constraint,
     }
 }
 

@@ -35,6 +35,7 @@ pub use worker::{Handle, Service, ServiceConfig, Sessions};
 use crate::engine::EngineConfig;
 pub use crate::engine::FinishReason;
 use crate::engine::constraint::ConstraintError;
+pub use crate::engine::constraint::{ConstraintStats, Limits as FormatLimits, Shape};
 use crate::engine::store::StoreError;
 use crate::engine::store::{LoadReport, PrefixReport, SessionId, Source, StoreStatus, TurnReport};
 use crate::engine::{EngineError, SamplingParams};
@@ -42,6 +43,7 @@ use crate::kv::SaveKind;
 use crate::tokenizer::{ChatMessage, TokenizerError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Longest request id.
@@ -122,6 +124,18 @@ pub struct Request {
     /// Answer `timeout` once this passes (in the queue: an error; mid-answer: what was
     /// generated so far, with finish reason `timeout`).
     pub deadline: Option<Instant>,
+    /// The shape the answer must have; `Done::valid` then says whether it has it.
+    pub format: Option<Format>,
+}
+
+/// The shape an answer must have.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Format {
+    /// Given with the request.
+    Shape(Arc<Shape>),
+    /// One of the configuration's named formats (a schema file, a choice list), so that a
+    /// small device sends a name rather than a schema.
+    Named(String),
 }
 
 /// The text to continue.
@@ -157,6 +171,7 @@ impl Request {
             top_logits: 0,
             truncate: false,
             deadline: None,
+            format: None,
         }
     }
 }
@@ -309,6 +324,13 @@ pub struct Done {
     /// Prompt tokens dropped from the front to fit the context.
     pub truncated_tokens: usize,
     pub session: Option<SessionReport>,
+    /// With a [`Format`]: whether the answer has its shape (it ended where the shape may end;
+    /// an answer cut by `max_tokens`, the context, a cancel or a deadline never has).
+    pub valid: Option<bool>,
+    /// A valid answer in a JSON format, parsed.
+    pub json: Option<serde_json::Value>,
+    /// With a [`Format`]: what the constraint cost.
+    pub constraint: Option<ConstraintStats>,
 }
 
 /// What a turn did to its session on flash.
@@ -450,6 +472,12 @@ impl From<EngineError> for ServiceError {
             }
         };
         ServiceError::new(code, e.to_string())
+    }
+}
+
+impl From<ConstraintError> for ServiceError {
+    fn from(e: ConstraintError) -> Self {
+        EngineError::Constraint(e).into()
     }
 }
 

@@ -10,10 +10,12 @@
 use super::answer::{OpenSessions, Worker};
 use super::queue::{FairQueue, Full};
 use super::ticket::{Channel, Ticket};
-use super::{ErrorCode, Event, Recorder, Request, ServiceError};
+use super::{ErrorCode, Event, FormatLimits, Recorder, Request, ServiceError, Shape};
 use crate::engine::Engine;
+use crate::engine::constraint::Grammars;
 use crate::engine::store::{SessionFile, SessionStore, StoreConfig};
 use crate::tokenizer::ChatTemplate;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -47,6 +49,10 @@ pub struct ServiceConfig {
     pub context_full: super::ContextFull,
     /// How much of a named session's conversation is kept.
     pub conversations: super::ConversationBounds,
+    /// The named formats requests may ask for (`Format::Named`).
+    pub formats: Arc<BTreeMap<String, Shape>>,
+    /// What one format may cost to compile and to follow.
+    pub format_limits: FormatLimits,
     /// Events a [`Ticket`] holds before the worker waits for its reader
     /// ([`ticket::CAPACITY`](super::ticket::CAPACITY)).
     pub ticket_capacity: usize,
@@ -66,6 +72,8 @@ impl Default for ServiceConfig {
             chat_template: None,
             context_full: super::ContextFull::Slide,
             conversations: super::ConversationBounds::default(),
+            formats: Arc::default(),
+            format_limits: FormatLimits::default(),
             ticket_capacity: super::ticket::CAPACITY,
             #[cfg(feature = "test-hooks")]
             test_stall: None,
@@ -328,6 +336,21 @@ impl Service {
         if let Some(t) = &template {
             tracing::info!(template = t.origin(), "chat template");
         }
+        // Named formats must work: an error at start, not requests refused later. The
+        // vocabulary's grammar tables are then built now rather than at the first request.
+        let grammars = if cfg.formats.is_empty() {
+            None
+        } else {
+            let g = Grammars::new(engine.model(), cfg.format_limits)
+                .map_err(|e| ServiceError::new(ErrorCode::Internal, e))?;
+            for (name, shape) in cfg.formats.iter() {
+                g.compile(shape, 1).map_err(|e| {
+                    ServiceError::new(ErrorCode::BadRequest, format!("format {name:?}: {e}"))
+                })?;
+            }
+            tracing::info!(formats = cfg.formats.len(), "named answer formats ready");
+            Some(g)
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: FairQueue::new(cfg.queue_depth, cfg.per_source),
@@ -349,6 +372,9 @@ impl Service {
             sessions,
             context_full: cfg.context_full,
             conversations: cfg.conversations,
+            formats: cfg.formats,
+            format_limits: cfg.format_limits,
+            grammars,
             #[cfg(feature = "test-hooks")]
             test_stall: cfg.test_stall,
             recorder,

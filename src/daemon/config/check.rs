@@ -55,6 +55,7 @@ impl Config {
         }
         in_range("modbus.unit_id", self.modbus.unit_id, 1..=247)?;
         self.validate_limits()?;
+        self.validate_formats()?;
         let level = &self.log.level;
         if level.trim().is_empty() {
             return Err(bad("log.level", "is empty (e.g. \"info\")"));
@@ -191,6 +192,41 @@ impl Config {
         Ok(())
     }
 
+    /// Format names are what a request sends (MQTT `schema_ref`, a serial `SET format=`): one
+    /// namespace for `[schemas]` and `[choices]`, names a line protocol can carry.
+    fn validate_formats(&self) -> Result<(), Bad> {
+        let names = self.schemas.keys().map(|n| ("schemas", n));
+        for (section, name) in names.chain(self.choices.keys().map(|n| ("choices", n))) {
+            let key = format!("{section}.{name}");
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(bad(key, "a format name has 1 to 64 of A-Z a-z 0-9 _ -"));
+            }
+        }
+        if let Some(n) = self.schemas.keys().find(|n| self.choices.contains_key(*n)) {
+            return Err(bad(
+                format!("choices.{n}"),
+                format!("{n:?} is also in [schemas]: a format name is one or the other"),
+            ));
+        }
+        for (name, options) in &self.choices {
+            if options.is_empty() || options.len() > 256 {
+                return Err(bad(format!("choices.{name}"), "has 1 to 256 options"));
+            }
+            if let Some(i) = options.iter().position(|o| o.is_empty() || o.len() > 256) {
+                return Err(bad(
+                    format!("choices.{name}"),
+                    format!("option {} must have 1 to 256 bytes", i + 1),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_limits(&self) -> Result<(), Bad> {
         let l = &self.limits;
         in_range(
@@ -203,6 +239,23 @@ impl Config {
         in_range("limits.per_source", l.per_source, 1..=usize::MAX)?;
         in_range("limits.request_timeout_s", l.request_timeout_s, 1..=86_400)?;
         in_range("limits.max_sessions", l.max_sessions, 1..=65_536)?;
+        in_range("limits.format_max_bytes", l.format_max_bytes, 16..=16 << 20)?;
+        in_range("limits.format_max_depth", l.format_max_depth, 1..=128)?;
+        in_range(
+            "limits.format_compile_fuel",
+            l.format_compile_fuel,
+            1000..=1_000_000_000,
+        )?;
+        in_range(
+            "limits.format_step_fuel",
+            l.format_step_fuel,
+            1000..=1_000_000_000,
+        )?;
+        in_range(
+            "limits.format_max_states",
+            l.format_max_states,
+            100..=10_000_000,
+        )?;
         Ok(())
     }
 }

@@ -347,10 +347,22 @@ pub struct LimitsConfig {
     /// A named session whose conversation outgrew the context: `slide` drops its oldest turns,
     /// `refuse` answers `context_full`.
     pub context_full: crate::service::ContextFull,
+    /// Most bytes of one answer format (a schema, pattern, grammar or choice list).
+    #[serde(deserialize_with = "de_size")]
+    pub format_max_bytes: u64,
+    /// Deepest nesting of a JSON schema.
+    pub format_max_depth: usize,
+    /// Work allowed to compile one format (about 50 000 units a millisecond).
+    pub format_compile_fuel: u64,
+    /// Work allowed for one token's mask under a format (about 14 000 units a millisecond).
+    pub format_step_fuel: u64,
+    /// Most lexer states of one format (1–2 KB each).
+    pub format_max_states: usize,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
+        let d = crate::service::FormatLimits::default();
         LimitsConfig {
             max_prompt_bytes: 16 << 10,
             max_tokens: 512,
@@ -359,11 +371,27 @@ impl Default for LimitsConfig {
             request_timeout_s: 120,
             max_sessions: 64,
             context_full: crate::service::ContextFull::Slide,
+            format_max_bytes: d.max_bytes as u64,
+            format_max_depth: d.max_depth,
+            format_compile_fuel: d.compile_fuel,
+            format_step_fuel: d.step_fuel,
+            format_max_states: d.max_states,
         }
     }
 }
 
 impl LimitsConfig {
+    /// What one answer format may cost.
+    pub fn format_limits(&self) -> crate::service::FormatLimits {
+        crate::service::FormatLimits {
+            max_bytes: usize::try_from(self.format_max_bytes).unwrap_or(usize::MAX),
+            max_depth: self.format_max_depth,
+            compile_fuel: self.format_compile_fuel,
+            step_fuel: self.format_step_fuel,
+            max_states: self.format_max_states,
+        }
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_s)
     }

@@ -30,6 +30,12 @@ pub struct Final {
     pub finish_reason: String,
     pub usage: Usage,
     pub timings: FinalTimings,
+    /// With a `response_format`: whether the answer has its shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid: Option<bool>,
+    /// A valid answer in a JSON format, parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<serde_json::Value>,
 }
 
 /// The timings a final message carries, in milliseconds (rounded to microseconds).
@@ -80,6 +86,8 @@ struct Any {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     timings: Option<FinalTimings>,
+    valid: Option<bool>,
+    json: Option<serde_json::Value>,
 }
 
 /// Reads a message of a response topic. Never panics on what it is given.
@@ -103,6 +111,8 @@ pub fn parse_reply(payload: &[u8]) -> Result<Reply, ReplyError> {
         finish_reason: a.finish_reason.ok_or_else(|| missing("finish_reason"))?,
         usage: a.usage.ok_or_else(|| missing("usage"))?,
         timings: a.timings.ok_or_else(|| missing("timings"))?,
+        valid: a.valid,
+        json: a.json,
     }))
 }
 
@@ -152,6 +162,8 @@ pub fn done_json(d: &Done) -> Vec<u8> {
             ttft_ms: round3(t.ttft_ms),
             decode_tps: round3(t.decode_tps),
         },
+        valid: d.valid,
+        json: d.json.clone(),
     };
     to_bytes(f, true)
 }

@@ -259,6 +259,9 @@ fn answers_have_the_documented_shape() {
         generated_ids: vec![5, 2],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     };
     let v: Value = serde_json::from_slice(&done_json(&d)).unwrap();
@@ -356,6 +359,9 @@ fn every_message_the_daemon_publishes_reads_back_as_what_it_said() {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     };
     match parse_reply(&done_json(&d)).unwrap() {

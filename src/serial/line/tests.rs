@@ -38,6 +38,9 @@ fn done(reason: FinishReason, text: &str) -> Event {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }))
 }

@@ -46,6 +46,9 @@ fn done(id: &str, text: &str, why: FinishReason, tokens: usize) -> Event {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }))
 }

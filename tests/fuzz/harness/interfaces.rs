@@ -155,6 +155,9 @@ fn done(text: Option<String>, reason: FinishReason) -> Done {
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }
 }

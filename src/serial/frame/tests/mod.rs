@@ -81,6 +81,9 @@ pub(super) fn done(finish: FinishReason, prompt: usize, completion: usize) -> Ev
         generated_ids: vec![],
         top_logits: vec![],
         truncated_tokens: 0,
+        valid: None,
+        json: None,
+        constraint: None,
         session: None,
     }))
 }
