@@ -14,6 +14,8 @@
 #     Hugging Face's apply_chat_template does. Debian's package for /usr/bin/python3 rather than
 #     a venv from PyPI: no network at test time, one version per Debian release (3.1.2 on 12,
 #     which transformers accepts: it needs 3.1), and nothing to rebuild when the cache is wiped
+#   - python3-jsonschema: tests/constrained_corpus.rs validates every answer marked valid with
+#     Python's jsonschema, an implementation independent of the grammar engine that made it
 #   - the models (SmolLM2, Gemma 3, Qwen2.5-Coder, via models/fetch.sh) are fetched by the test command itself
 set -euo pipefail
 
@@ -24,7 +26,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64
 fi
 for p in rustc-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static mosquitto mosquitto-clients openssl socat mbpoll unzip \
-         g++-aarch64-linux-gnu file python3-venv python3-jinja2 mmdebstrap arch-test binfmt-support qemu-system-arm e2fsprogs; do
+         g++-aarch64-linux-gnu file python3-venv python3-jinja2 python3-jsonschema mmdebstrap arch-test binfmt-support qemu-system-arm e2fsprogs; do
     have "$p" || need_pkgs+=("$p")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

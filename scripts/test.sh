@@ -81,6 +81,7 @@ step "native tests ($(uname -m))"
 ids_x86="$PWD/target/greedy-ids-$(uname -m).json"
 gemma_ids_x86="$PWD/target/greedy-ids-gemma3-$(uname -m).json"
 qwen_ids_x86="$PWD/target/greedy-ids-qwen2-$(uname -m).json"
+format_ids_x86="$PWD/target/format-ids-$(uname -m).json"
 # So is a session snapshot, for the aarch64 run to restore and continue.
 kv_x86="$PWD/target/kv-snapshot-$(uname -m)"
 rm -rf "$kv_x86"
@@ -96,6 +97,7 @@ fi
 echo "native kernel paths expected: ${expect:-(none beyond reference/portable)}"
 EDGELLM_EXPECT_PATHS=$expect \
 EDGELLM_IDS_OUT="$ids_x86" EDGELLM_GEMMA_IDS_OUT="$gemma_ids_x86" EDGELLM_QWEN_IDS_OUT="$qwen_ids_x86" \
+EDGELLM_FORMAT_IDS_OUT="$format_ids_x86" \
 EDGELLM_KV_OUT="$kv_x86" \
     cargo test --workspace
 
@@ -148,6 +150,9 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_GEMMA_IDS_EXPECT="$gemma_ids_x86" \
 step "aarch64 vs $(uname -m): Qwen2.5-Coder 0.5B greedy ids (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_QWEN_IDS_EXPECT="$qwen_ids_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_qwen2 greedy_ids_are_identical_across
+step "aarch64 vs $(uname -m): constrained greedy ids, a JSON schema and a choice (qemu cortex-a76)"
+EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_FORMAT_IDS_EXPECT="$format_ids_x86" \
+    scripts/test-aarch64.sh "${a64_edgellm[@]}" --test constrained constrained_greedy_ids_are_identical_across
 # The aarch64 test builds (target and host parts); the release build below has its own.
 a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
 prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"

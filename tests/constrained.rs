@@ -292,15 +292,40 @@ fn greedy_lazy_checks_pick_what_the_full_mask_picks() {
         let model = load(name);
         let g = Grammars::new(&model, Limits::default()).unwrap();
         let mut e = engine(&model, 2);
-        let q = chat(&model, "Alarm: spindle bearing temperature 95 C and rising. Classify it.");
+        let q = chat(
+            &model,
+            "Alarm: spindle bearing temperature 95 C and rising. Classify it.",
+        );
         let shapes = [
             Shape::JsonSchema(alarm_schema()),
             Shape::Regex("(OK|WARN|FAIL) [0-9]{1,3}".into()),
-            Shape::Choice(vec!["stop the line".into(), "slow down".into(), "carry on".into()]),
+            Shape::Choice(vec![
+                "stop the line".into(),
+                "slow down".into(),
+                "carry on".into(),
+            ]),
         ];
         for shape in &shapes {
-            let lazy = answer_with(&mut e, &g, shape, &q, SamplingParams::default(), 48, true, false);
-            let full = answer_with(&mut e, &g, shape, &q, SamplingParams::default(), 48, true, true);
+            let lazy = answer_with(
+                &mut e,
+                &g,
+                shape,
+                &q,
+                SamplingParams::default(),
+                48,
+                true,
+                false,
+            );
+            let full = answer_with(
+                &mut e,
+                &g,
+                shape,
+                &q,
+                SamplingParams::default(),
+                48,
+                true,
+                true,
+            );
             eprintln!("{name}: {:?}", lazy.text);
             assert_eq!(lazy.ids, full.ids, "{name} {shape:?}");
             assert_eq!(lazy.valid, Some(true), "{name} {shape:?}: {:?}", lazy.text);
@@ -379,4 +404,86 @@ fn regex_like_number(s: &str) -> bool {
         && a.bytes().all(|c| c.is_ascii_digit())
         && b.len() == 1
         && b.bytes().all(|c| c.is_ascii_digit())
+}
+
+/// Constrained greedy ids are the same on x86-64 and aarch64 (`EDGELLM_FORMAT_IDS_OUT` on one,
+/// `EDGELLM_FORMAT_IDS_EXPECT` on the other, as scripts/test.sh runs them). Each step here is
+/// the reference: the full mask, the masked argmax and its margin over the next allowed token
+/// (a near-tie may fall either way on another architecture, and is reported as such); the
+/// engine's own constrained answer must be these ids.
+#[test]
+fn constrained_greedy_ids_are_identical_across_architectures() {
+    let model = load("q4_0");
+    let g = Grammars::new(&model, Limits::default()).unwrap();
+    let tok = &model.tokenizer;
+    let mut e = engine(&model, 2);
+    let q = chat(
+        &model,
+        "Alarm: spindle bearing temperature 95 C and rising. Classify it.",
+    );
+    let cases = [
+        ("alarm", Shape::JsonSchema(alarm_schema())),
+        (
+            "choice",
+            Shape::Choice(vec![
+                "stop the line".into(),
+                "slow down".into(),
+                "carry on".into(),
+            ]),
+        ),
+    ];
+    let mut all = Vec::new();
+    for (id, shape) in &cases {
+        let mut c = g.compile(shape, 32).unwrap();
+        let mut s = e.new_session();
+        let mut logits = e.feed(&mut s, &q).unwrap().to_vec();
+        let (mut ids, mut margins) = (Vec::new(), Vec::new());
+        while ids.len() < 24 && !c.is_complete() {
+            let mask = c.mask().unwrap();
+            let mut best: Option<(u32, f32)> = None;
+            let mut second = f32::NEG_INFINITY;
+            for (t, &l) in logits.iter().enumerate() {
+                if !mask[t] {
+                    continue;
+                }
+                match best {
+                    Some((_, b)) if l <= b => second = second.max(l),
+                    Some((_, b)) => {
+                        second = b;
+                        best = Some((t as u32, l));
+                    }
+                    None => best = Some((t as u32, l)),
+                }
+            }
+            let (t, l) = best.expect("an allowed token");
+            ids.push(t);
+            margins.push(if second == f32::NEG_INFINITY {
+                1e9
+            } else {
+                l - second
+            });
+            if tok.is_eog(t) {
+                break;
+            }
+            c.advance(t).unwrap();
+            logits = e.feed(&mut s, &[t]).unwrap().to_vec();
+        }
+        let engine_ids = answer(&mut e, &g, shape, &q, SamplingParams::default(), 32, true).ids;
+        assert_eq!(
+            engine_ids, ids,
+            "{id}: the engine's answer vs the reference steps"
+        );
+        all.push(json!({"id": id, "ids": ids, "margins": margins}));
+    }
+    if let Some(path) = std::env::var_os("EDGELLM_FORMAT_IDS_OUT") {
+        std::fs::write(&path, serde_json::to_string(&all).unwrap()).unwrap();
+    }
+    if let Some(path) = std::env::var_os("EDGELLM_FORMAT_IDS_EXPECT") {
+        let gap = common::vectors::compare_with_other_architecture(&all, &path);
+        eprintln!(
+            "constrained: {} ids identical to the other architecture's (largest margin \
+             difference {gap:e})",
+            std::env::consts::ARCH
+        );
+    }
 }

@@ -427,6 +427,16 @@ impl Config {
         if self.limits.context_full != other.limits.context_full {
             d.push("limits.context_full");
         }
+        // Formats are compiled, and their bounds set, when the worker starts.
+        if self.schemas != other.schemas {
+            d.push("schemas");
+        }
+        if self.choices != other.choices {
+            d.push("choices");
+        }
+        if self.limits.format_limits() != other.limits.format_limits() {
+            d.push("limits.format_*");
+        }
         d
     }
 

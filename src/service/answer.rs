@@ -329,15 +329,16 @@ impl Worker {
             req, built, text, finish, out, recomputed, before_gen, report,
         );
         done.usage.dropped_turns = dropped_turns;
-        if let Some(shape) = shape {
-            if done.valid == Some(true) && shape.is_json() {
-                match serde_json::from_str(&done.text) {
-                    Ok(v) => done.json = Some(v),
-                    // The grammar admits only JSON; this would be a fault of it, told as such.
-                    Err(e) => {
-                        tracing::error!(request = req.id, "a valid answer is not JSON: {e}");
-                        done.valid = Some(false);
-                    }
+        if let Some(shape) = shape
+            && done.valid == Some(true)
+            && shape.is_json()
+        {
+            match serde_json::from_str(&done.text) {
+                Ok(v) => done.json = Some(v),
+                // The grammar admits only JSON; this would be a fault of it, told as such.
+                Err(e) => {
+                    tracing::error!(request = req.id, "a valid answer is not JSON: {e}");
+                    done.valid = Some(false);
                 }
             }
         }

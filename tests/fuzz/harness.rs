@@ -14,6 +14,8 @@
 
 // Explicit paths: this file is itself included by `#[path]` from two directories (tests/ and
 // tests/fuzz/fuzz_targets/), and a path relative to it reads the same from both.
+#[path = "harness/formats.rs"]
+mod formats;
 #[path = "harness/interfaces.rs"]
 mod interfaces;
 #[path = "harness/model_files.rs"]
@@ -23,6 +25,7 @@ mod tokenizers;
 
 // Every target at the top, as `harness::<target>`: the fuzz target files call them so, and
 // `fuzz_regressions` checks they do.
+pub use formats::answer_format;
 pub use interfaces::{console, frame, modbus, mqtt_request, serial_line};
 pub use model_files::{gguf, kv_snapshot};
 pub use tokenizers::{chat_template, tokenizer};
@@ -32,7 +35,7 @@ pub use tokenizers::{chat_template, tokenizer};
 pub use tokenizers::SMOLLM2_TEMPLATE;
 
 /// The targets, as named in `fuzz_targets/` and in `corpus/` and `regressions/`.
-pub const TARGETS: [&str; 9] = [
+pub const TARGETS: [&str; 10] = [
     "gguf",
     "kv_snapshot",
     "mqtt_request",
@@ -42,6 +45,7 @@ pub const TARGETS: [&str; 9] = [
     "console",
     "chat_template",
     "tokenizer",
+    "answer_format",
 ];
 
 /// Runs target `name` on one input (the regression test's dispatch).
@@ -56,6 +60,7 @@ pub fn run(name: &str, data: &[u8]) {
         "console" => console(data),
         "chat_template" => chat_template(data),
         "tokenizer" => tokenizer(data),
+        "answer_format" => answer_format(data),
         other => panic!("no fuzz target {other:?}"),
     }
 }

@@ -159,6 +159,26 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     for (name, sel, text) in texts {
         add("tokenizer", name, [&[sel], text].concat());
     }
+    // Answer formats: the kind (0 schema, 1 regex, 2 Lark, 3 choice, 4 JSON object), the text.
+    let formats: [(&str, u8, &str); 6] = [
+        (
+            "schema",
+            0,
+            r#"{"type": "object", "properties": {"severity": {"type": "integer", "minimum": 0, "maximum": 3}, "reason": {"enum": ["bearing", "other"]}}, "required": ["severity"]}"#,
+        ),
+        (
+            "schema_refs",
+            0,
+            r##"{"$defs": {"v": {"type": "boolean"}}, "type": "array", "items": {"$ref": "#/$defs/v"}, "maxItems": 3}"##,
+        ),
+        ("regex", 1, "(OK|FAIL) [0-9]{1,3}( [a-z]+)?"),
+        ("lark", 2, "start: item (\",\" item)*\nitem: /[a-z]+/"),
+        ("choice", 3, "low|medium|high"),
+        ("object", 4, ""),
+    ];
+    for (name, kind, text) in formats {
+        add("answer_format", name, [&[kind], text.as_bytes()].concat());
+    }
     v
 }
 
