@@ -1,7 +1,7 @@
 //! The audit trail of the running daemon: every answer and refusal over a real pty recorded,
 //! chained and verified; an edited, a removed and a cut entry found by `audit verify`; every
-//! answer replayed bit for bit on one and two threads, a restored session turn and a sampled
-//! answer included; the chain continued across a restart; an entry without its texts refused
+//! answer replayed bit for bit on one and two threads, a restored session turn, a sampled
+//! answer and a sampled one under a choice constraint included; the chain continued across a restart; an entry without its texts refused
 //! by `replay` with the reason.
 
 mod common;
@@ -96,6 +96,16 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     assert_eq!(p.ask("SET temperature=0.8", T), "OK temperature=0.8");
     assert_eq!(p.ask("SET seed=7", T), "OK seed=7");
     let sampled = ok_text(&p.ask("GEN Once upon a time", T));
+    // A sampled answer under a constraint: the replay must constrain the same way.
+    assert_eq!(
+        p.ask("SET choice=pump|valve|motor|sensor", T),
+        "OK choice=pump|valve|motor|sensor"
+    );
+    let chosen = ok_text(&p.ask("GEN Which part failed first?", T));
+    assert!(
+        ["pump", "valve", "motor", "sensor"].contains(&chosen.as_str()),
+        "{chosen}"
+    );
     // Over the context of 256: refused by the worker, and recorded as refused.
     let long = format!("GEN {}", "many words ".repeat(300));
     let refused = p.ask(&long, T);
@@ -103,15 +113,23 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     assert_eq!(d.terminate(T).code(), Some(0), "{}", d.log_text());
 
     let list = entries(&state);
-    assert_eq!(list.len(), 5, "{list:?}");
+    assert_eq!(list.len(), 6, "{list:?}");
     let source = format!("serial:{}", p.path);
     for (i, e) in list.iter().enumerate() {
         assert_eq!(e["seq"], i as u64 + 1);
         assert_eq!(e["source"], source.as_str());
     }
     let kinds: Vec<&str> = list.iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["answer", "answer", "answer", "answer", "refused"]);
-    assert_eq!(list[4]["error"], "context_full");
+    assert_eq!(
+        kinds,
+        ["answer", "answer", "answer", "answer", "answer", "refused"]
+    );
+    assert_eq!(list[5]["error"], "context_full");
+    assert!(show(&state, 4)["format"].is_null());
+    assert_eq!(
+        show(&state, 5)["format"],
+        serde_json::json!({"type": "choice", "options": ["pump", "valve", "motor", "sensor"]})
+    );
     assert_eq!(list[2]["session"], "pump-3");
     // The conversation's turns, in order: the second turn answered the whole conversation.
     assert_eq!(
@@ -128,7 +146,13 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
 
     // What was recorded is what was sent, and names the model by its file's hash.
     let model_sha = common::sha256_hex(&std::fs::read(common::model_path("q4_0")).unwrap());
-    for (seq, sent) in [(1, &greedy), (2, &turn1), (3, &turn2), (4, &sampled)] {
+    for (seq, sent) in [
+        (1, &greedy),
+        (2, &turn1),
+        (3, &turn2),
+        (4, &sampled),
+        (5, &chosen),
+    ] {
         let e = show(&state, seq);
         assert_eq!(e["answer"].as_str(), Some(sent.as_str()), "entry {seq}");
         assert_eq!(
@@ -149,11 +173,11 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
 
     let v = audit(&["verify"], &state);
     assert!(v.status.success(), "{}", text(&v));
-    assert!(text(&v).contains("entries 1 to 5 verify"), "{}", text(&v));
+    assert!(text(&v).contains("entries 1 to 6 verify"), "{}", text(&v));
 
     // Replays: each answer again from an empty cache, on 1 and 2 threads.
     let m = model_arg(&common::model_path("q4_0"));
-    for seq in ["1", "2", "3", "4"] {
+    for seq in ["1", "2", "3", "4", "5"] {
         for threads in ["1", "2"] {
             let out = audit(&["replay", seq, "-m", &m, "-t", threads, "--json"], &state);
             assert!(
@@ -165,7 +189,7 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
             assert_eq!(r["matches"], true, "{r}");
         }
     }
-    let out = audit(&["replay", "5", "-m", &m], &state);
+    let out = audit(&["replay", "6", "-m", &m], &state);
     assert!(!out.status.success());
     assert!(text(&out).contains("refused request"), "{}", text(&out));
     // Another model file is refused by its hash.
@@ -183,12 +207,12 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     assert_eq!(p.ask("SET max_tokens=4", T), "OK max_tokens=4");
     ok_text(&p.ask("GEN Water boils at", T));
     assert_eq!(d.terminate(T).code(), Some(0));
-    let e6 = show(&state, 6);
-    assert!(e6["answer"].is_null() && e6["prompt_ids"].is_null(), "{e6}");
-    assert!(e6["answer_sha256"].is_string());
+    let e7 = show(&state, 7);
+    assert!(e7["answer"].is_null() && e7["prompt_ids"].is_null(), "{e7}");
+    assert!(e7["answer_sha256"].is_string());
     let v = audit(&["verify"], &state);
-    assert!(text(&v).contains("entries 1 to 6 verify"), "{}", text(&v));
-    let out = audit(&["replay", "6", "-m", &m], &state);
+    assert!(text(&v).contains("entries 1 to 7 verify"), "{}", text(&v));
+    let out = audit(&["replay", "7", "-m", &m], &state);
     assert!(!out.status.success());
     assert!(text(&out).contains("keeps only hashes"), "{}", text(&out));
 

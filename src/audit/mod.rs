@@ -123,6 +123,11 @@ pub struct Entry {
     /// The session conversation's turn this answer was kept as (none: not kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<u64>,
+    /// The shape the answer was asked to have (a named format resolved), as
+    /// [`Shape::to_json`](crate::engine::constraint::Shape::to_json) writes it: a replay
+    /// answers under it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<serde_json::Value>,
     pub model: ModelFacts,
     pub engine: EngineFacts,
     pub sampling: SamplingParams,
@@ -277,6 +282,7 @@ pub fn entry_of(
         source: req.source.clone(),
         session: req.session.as_ref().map(|s| s.as_str().to_owned()),
         turn: None,
+        format: None,
         model: model.clone(),
         engine,
         sampling: req.sampling.clone(),
@@ -299,6 +305,7 @@ pub fn entry_of(
         Event::Done(d) => {
             e.kind = Kind::Answer;
             e.turn = d.session.as_ref().and_then(|s| s.turn);
+            e.format = d.shape.as_ref().map(|s| s.to_json());
             e.finish = Some(d.finish_reason);
             e.usage = d.usage.clone();
             e.truncated_tokens = d.truncated_tokens;

@@ -4,6 +4,7 @@
 //! not depend on it, and a replay on other threads shows that it does not.
 
 use super::{AuditError, Entry, Kind, ids_sha256, sha256_hex};
+use crate::engine::constraint::{Grammars, Limits, Shape};
 use crate::engine::{Engine, EngineConfig, GenParams, Sampler};
 use crate::model::Model;
 use crate::tokenizer::StreamDecoder;
@@ -77,6 +78,15 @@ pub fn replay(e: &Entry, model: Arc<Model>, threads: usize) -> Result<Replayed, 
     let tok = &model.tokenizer;
     let mut session = engine.new_session();
     let mut sampler = Sampler::new(e.sampling.clone(), model.hp.n_vocab);
+    if let Some(f) = &e.format {
+        let bad = |why: String| AuditError::Bad(format!("entry {}: its format: {why}", e.seq));
+        let shape = Shape::from_json(f).map_err(bad)?;
+        let grammars = Grammars::new(&model, Limits::default()).map_err(bad)?;
+        let c = grammars
+            .compile(&shape, answer.len())
+            .map_err(|err| bad(err.to_string()))?;
+        sampler.constrain(c);
+    }
     // As many tokens as the answer had: a cancelled or timed-out answer stopped there.
     let params = GenParams {
         max_tokens: answer.len(),

@@ -49,6 +49,7 @@ fn answer(id: &str, text: &str) -> (Request, Event) {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     };
     (req, Event::Done(Box::new(done)))

@@ -56,6 +56,40 @@ impl Shape {
         matches!(self, Shape::JsonSchema(_) | Shape::JsonObject)
     }
 
+    /// The shape as JSON: `{"type": "json_schema", "schema": …}`, `{"type": "regex",
+    /// "pattern": …}`, `{"type": "choice", "options": […]}`, `{"type": "lark", "grammar": …}`
+    /// or `{"type": "json_object"}` (MQTT's `response_format`, the audit trail's `format`).
+    pub fn to_json(&self) -> Value {
+        let (field, value) = match self {
+            Shape::JsonSchema(v) => ("schema", v.clone()),
+            Shape::JsonObject => return serde_json::json!({"type": self.kind()}),
+            Shape::Regex(r) => ("pattern", Value::from(r.as_str())),
+            Shape::Choice(o) => ("options", Value::from(o.clone())),
+            Shape::Lark(g) => ("grammar", Value::from(g.as_str())),
+        };
+        serde_json::json!({"type": self.kind(), field: value})
+    }
+
+    /// The shape [`Self::to_json`] wrote.
+    pub fn from_json(v: &Value) -> Result<Shape, String> {
+        let text = |field: &str| {
+            v[field]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("a {} format needs {field}", v["type"]))
+        };
+        match v["type"].as_str() {
+            Some("json_schema") => Ok(Shape::JsonSchema(v["schema"].clone())),
+            Some("json_object") => Ok(Shape::JsonObject),
+            Some("regex") => text("pattern").map(Shape::Regex),
+            Some("lark") => text("grammar").map(Shape::Lark),
+            Some("choice") => serde_json::from_value(v["options"].clone())
+                .map(Shape::Choice)
+                .map_err(|e| format!("choice options: {e}")),
+            _ => Err(format!("not a format: {v}")),
+        }
+    }
+
     /// Checks the bounds that do not need the grammar engine: size and nesting.
     pub fn check(&self, limits: &Limits) -> Result<(), ConstraintError> {
         let bytes = match self {

@@ -185,18 +185,8 @@ pub struct ResponseFormat {
 impl ResponseFormat {
     /// The `response_format` that asks for `shape`.
     pub fn of(shape: &Shape) -> ResponseFormat {
-        let mut f = ResponseFormat {
-            kind: Some(shape.kind().to_owned()),
-            ..Default::default()
-        };
-        match shape {
-            Shape::JsonSchema(v) => f.schema = Some(v.clone()),
-            Shape::JsonObject => {}
-            Shape::Regex(r) => f.pattern = Some(r.clone()),
-            Shape::Choice(o) => f.options = Some(o.clone()),
-            Shape::Lark(g) => f.grammar = Some(g.clone()),
-        }
-        f
+        // Cannot fail: the shape's JSON has this struct's fields.
+        serde_json::from_value(shape.to_json()).unwrap_or_default()
     }
 
     /// The service's format, or why this one is not one.

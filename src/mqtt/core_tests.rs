@@ -80,6 +80,7 @@ fn done(id: &str, text: &str) -> Event {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }))
 }

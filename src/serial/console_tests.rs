@@ -51,6 +51,7 @@ fn done(finish: FinishReason) -> Event {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }))
 }

@@ -329,6 +329,7 @@ impl Worker {
             req, built, text, finish, out, recomputed, before_gen, report,
         );
         done.usage.dropped_turns = dropped_turns;
+        done.shape = shape.clone();
         if let Some(shape) = shape
             && done.valid == Some(true)
             && shape.is_json()
@@ -414,6 +415,7 @@ fn empty_done(req: &Request, text: String) -> Done {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
     }
 }
 
@@ -482,6 +484,7 @@ fn done(
         valid: out.valid,
         json: None,
         constraint: out.constraint,
+        shape: None,
     }
 }
 

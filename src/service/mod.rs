@@ -331,6 +331,8 @@ pub struct Done {
     pub json: Option<serde_json::Value>,
     /// With a [`Format`]: what the constraint cost.
     pub constraint: Option<ConstraintStats>,
+    /// With a [`Format`]: the shape it stood for (a named one resolved), for the audit trail.
+    pub shape: Option<Arc<Shape>>,
 }
 
 /// What a turn did to its session on flash.

@@ -262,6 +262,7 @@ fn answers_have_the_documented_shape() {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     };
     let v: Value = serde_json::from_slice(&done_json(&d)).unwrap();
@@ -362,6 +363,7 @@ fn every_message_the_daemon_publishes_reads_back_as_what_it_said() {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     };
     match parse_reply(&done_json(&d)).unwrap() {

@@ -41,6 +41,7 @@ fn done(reason: FinishReason, text: &str) -> Event {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }))
 }

@@ -49,6 +49,7 @@ fn done(id: &str, text: &str, why: FinishReason, tokens: usize) -> Event {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }))
 }

@@ -158,6 +158,7 @@ fn done(text: Option<String>, reason: FinishReason) -> Done {
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }
 }

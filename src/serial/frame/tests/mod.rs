@@ -84,6 +84,7 @@ pub(super) fn done(finish: FinishReason, prompt: usize, completion: usize) -> Ev
         valid: None,
         json: None,
         constraint: None,
+        shape: None,
         session: None,
     }))
 }
