@@ -915,3 +915,21 @@ fn modbus_tcp_takes_a_host_name_or_an_address() {
         "is not host:port",
     );
 }
+
+#[test]
+fn modbus_formats_name_configured_formats_once_each() {
+    let ok: Config = "[choices]\nsev = [\"low\", \"high\"]\n[modbus]\nformats = [\"sev\"]\n"
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ok.modbus.formats, ["sev"]);
+    assert_refused(
+        "[modbus]\nformats = [\"alarm\"]\n",
+        "modbus.formats",
+        "\"alarm\" is in neither [schemas] nor [choices]",
+    );
+    assert_refused(
+        "[choices]\nsev = [\"low\"]\n[modbus]\nformats = [\"sev\", \"sev\"]\n",
+        "modbus.formats",
+        "\"sev\" is listed twice",
+    );
+}

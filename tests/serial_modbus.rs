@@ -311,7 +311,7 @@ fn illegal_functions_addresses_values_and_a_second_request_get_their_exception_c
             ExceptionCode::IllegalFunction
         );
         assert_eq!(
-            op(m.read_holding_registers(200, 1)).await.unwrap_err(),
+            op(m.read_holding_registers(158, 1)).await.unwrap_err(),
             ExceptionCode::IllegalDataAddress
         );
         assert_eq!(
@@ -404,7 +404,7 @@ fn mbap(tid: u16, pdu: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Registers 26–31 are unmapped, as the map says; a 124-register FC16 over TCP (one over the
+/// Registers 29–31 are unmapped, as the map says; a 124-register FC16 over TCP (one over the
 /// protocol's 123: tokio-modbus's own master will not even encode it) is answered 0x03 and the
 /// connection goes on; the RTU and the TCP mailbox give their requests ids of their own.
 #[test]
@@ -418,14 +418,14 @@ fn unmapped_registers_an_oversized_write_and_the_request_ids_of_each_mailbox() {
         let mut rtu = rtu_master(&pty.b, 7).await;
         let mut t = tcp_master(tcp, 7).await;
         for m in [&mut rtu, &mut t] {
-            for (addr, n) in [(26, 1), (31, 1), (25, 2), (0, 32), (0, 125)] {
+            for (addr, n) in [(29, 1), (31, 1), (28, 2), (0, 32), (0, 125)] {
                 assert_eq!(
                     op(m.read_holding_registers(addr, n)).await.unwrap_err(),
                     ExceptionCode::IllegalDataAddress,
                     "{n} from {addr}"
                 );
             }
-            assert_eq!(op(m.read_input_registers(0, 26)).await.unwrap().len(), 26);
+            assert_eq!(op(m.read_input_registers(0, 29)).await.unwrap().len(), 29);
         }
         // One request on each mailbox.
         ask(&mut rtu, PROMPT, 2, 1).await;
@@ -446,7 +446,7 @@ fn unmapped_registers_an_oversized_write_and_the_request_ids_of_each_mailbox() {
         .unwrap();
     let mut reply = [0u8; 11];
     s.read_exact(&mut reply).unwrap();
-    assert_eq!(reply, [0x12, 0x35, 0, 0, 0, 5, 7, 0x03, 2, 0, 1]);
+    assert_eq!(reply, [0x12, 0x35, 0, 0, 0, 5, 7, 0x03, 2, 0, 2]);
 
     let log = d.wait_log(Duration::from_secs(10), |l| {
         l.matches("Modbus request").count() >= 2
@@ -775,4 +775,166 @@ async fn session_mode(ctx: &mut client::Context, mode: u16) {
     op(ctx.write_multiple_registers(map::SESSION, &[42, mode]))
         .await
         .unwrap();
+}
+
+/// The alarm schema, a choice and a reading with a float and a 32-bit integer, selected by
+/// `FORMAT` 1, 2 and 3.
+fn serve_formats(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
+    let alarm = r#"{"type": "object", "properties": {
+        "severity": {"type": "integer", "minimum": 0, "maximum": 3},
+        "stop_line": {"type": "boolean"},
+        "reason": {"enum": ["bearing", "belt", "sensor", "other"]}},
+        "required": ["severity", "stop_line", "reason"], "additionalProperties": false}"#;
+    let reading = r#"{"type": "object", "properties": {
+        "temperature_c": {"type": "number"},
+        "count": {"type": "integer"},
+        "ok": {"type": "boolean"}},
+        "required": ["temperature_c", "count", "ok"], "additionalProperties": false}"#;
+    std::fs::write(dir.join("alarm.json"), alarm).unwrap();
+    std::fs::write(dir.join("reading.json"), reading).unwrap();
+    let cfg = dir.join("edgellm.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[serial]]\npath = \"{}\"\nmode = \"modbus\"\nunit_id = 7\n\n[modbus]\n\
+             tcp = \"127.0.0.1:{tcp}\"\nunit_id = 7\nformats = [\"alarm\", \"severity\", \
+             \"reading\"]\n\n[schemas]\nalarm = \"alarm.json\"\nreading = \"reading.json\"\n\n\
+             [choices]\nseverity = [\"low\", \"medium\", \"high\", \"critical\"]\n",
+            pty.display()
+        ),
+    )
+    .unwrap();
+    let (m, c) = (model(), cfg.to_str().unwrap().to_owned());
+    Daemon::start(
+        &[
+            "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
+        ],
+        &[],
+    )
+}
+
+const SEVERITY: [&str; 4] = ["low", "medium", "high", "critical"];
+const REASONS: [&str; 4] = ["bearing", "belt", "sensor", "other"];
+const ALARM: &str = "Classify this alarm: bearing temperature high on conveyor 2, line stopped.";
+
+/// A master selects a format by number and reads the answer typed: a choice's index beside
+/// its text, a schema's integer, boolean and enum in the typed block (tokio-modbus over TCP),
+/// a float and a 32-bit integer in the documented word order (mbpoll over RTU, `-B`); an
+/// answer cut short is marked not valid with "no value" everywhere; an unknown format number
+/// is refused. `edgellm modbus map --schema` lists the same places.
+#[test]
+fn typed_answers_are_read_back_as_indices_and_typed_registers_by_both_masters() {
+    let dir = tempfile::tempdir().unwrap();
+    let pty = Pty::start(dir.path());
+    let tcp = free_port();
+    let _d = serve_formats(dir.path(), &pty.a, tcp);
+    rt().block_on(async {
+        let mut t = tcp_master(tcp, 7).await;
+        let version = op(t.read_holding_registers(map::MAP_VERSION, 1)).await;
+        assert_eq!(version.unwrap(), vec![2]);
+        assert_eq!(
+            op(t.write_single_register(map::FORMAT, 4))
+                .await
+                .unwrap_err(),
+            ExceptionCode::IllegalDataValue,
+            "three formats"
+        );
+        // Chat mode, the choice list.
+        op(t.write_multiple_registers(map::MODE, &[1]))
+            .await
+            .unwrap();
+        op(t.write_single_register(map::FORMAT, 2)).await.unwrap();
+        let text = ask(&mut t, ALARM, 16, 1).await;
+        let typed = op(t.read_holding_registers(map::VALID, 2)).await.unwrap();
+        assert_eq!(typed[0], 1, "valid: {text:?}");
+        assert_eq!(
+            SEVERITY.get(typed[1] as usize),
+            Some(&text.as_str()),
+            "{typed:?}"
+        );
+
+        // The schema: integer, boolean, enum index, in the schema's order.
+        op(t.write_single_register(map::FORMAT, 1)).await.unwrap();
+        let text = ask(&mut t, ALARM, 96, 2).await;
+        assert_eq!(
+            op(t.read_holding_registers(map::VALID, 1)).await.unwrap(),
+            [1]
+        );
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let regs = op(t.read_holding_registers(map::TYPED, 4)).await.unwrap();
+        let reason = REASONS.iter().position(|r| json["reason"] == *r).unwrap();
+        let want = [
+            json["severity"].as_u64().unwrap() as u16,
+            json["stop_line"].as_bool().unwrap() as u16,
+            reason as u16,
+            0,
+        ];
+        assert_eq!(regs, want, "{text}");
+
+        // Too few tokens for the shape: finish length, not valid, no values.
+        ask(&mut t, ALARM, 3, 3).await;
+        let head = op(t.read_holding_registers(map::FINISH_REASON, 1)).await;
+        assert_eq!(head.unwrap(), [2], "length");
+        assert_eq!(
+            op(t.read_holding_registers(map::VALID, 2)).await.unwrap(),
+            [2, 0xFFFF]
+        );
+        let regs = op(t.read_holding_registers(map::TYPED, 3)).await.unwrap();
+        assert_eq!(regs, [0xFFFF; 3]);
+    });
+
+    // mbpoll over RTU: the reading's float and 32-bit integer, high word first (-B).
+    let b = pty.b.to_str().unwrap();
+    let rtu = ["-m", "rtu", "-a", "7", "-b", "115200", "-P", "none", b];
+    let mut set = vec!["-0", "-1", "-o", "5", "-t", "4", "-r", "26"];
+    set.extend_from_slice(&rtu);
+    set.push("3");
+    mbpoll(&set);
+    let text = ask_with_mbpoll(&rtu, "Reading of sensor 4: temperature and count:", 64, 5);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let read = |kind: &str, addr: &str| {
+        let mut a = vec![
+            "-0", "-1", "-o", "5", "-B", "-t", kind, "-r", addr, "-c", "1",
+        ];
+        a.extend_from_slice(&rtu);
+        let out = mbpoll(&a);
+        out.lines()
+            .find_map(|l| {
+                Some(
+                    l.trim()
+                        .strip_prefix('[')?
+                        .split_once("]:")?
+                        .1
+                        .trim()
+                        .to_owned(),
+                )
+            })
+            .unwrap_or_else(|| panic!("no value in {out}"))
+    };
+    assert_eq!(read("3", "27"), "1", "valid: {text}");
+    let temperature: f32 = read("3:float", "160").parse().unwrap();
+    let want = json["temperature_c"].as_f64().unwrap() as f32;
+    assert!(
+        (temperature - want).abs() <= want.abs() * 1e-5,
+        "{temperature} vs {text}"
+    );
+    let count: i64 = read("3:int", "162").parse().unwrap();
+    assert_eq!(count, json["count"].as_i64().unwrap(), "{text}");
+    let ok = if json["ok"] == true { "1" } else { "0" };
+    assert_eq!(read("3", "164"), ok, "{text}");
+
+    // The CLI names the same places.
+    let cfg = dir.path().join("edgellm.toml");
+    let c = cfg.to_str().unwrap();
+    let out = common::mqtt::edgellm(&["modbus", "map", "--config", c, "--schema", "reading"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(table.contains("write FORMAT (register 26) = 3"), "{table}");
+    for row in [
+        "160-161   float32",
+        "162-163   int32",
+        "164       uint16 (0/1)",
+    ] {
+        assert!(table.contains(row), "{row:?} not in\n{table}");
+    }
 }

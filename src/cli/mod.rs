@@ -17,6 +17,7 @@ mod kernels;
 mod kv;
 mod load;
 mod logring;
+mod modbus;
 mod perplexity;
 mod profile;
 mod quantize;
@@ -65,6 +66,8 @@ enum Command {
     Audit(audit::Args),
     /// The named sessions of a state directory: list them, show a conversation, delete one.
     Sessions(sessions::Args),
+    /// Modbus: the register map, the FORMAT values and a format's typed registers.
+    Modbus(modbus::Args),
 }
 
 /// Parses the command line, runs the subcommand, prints an error as `edgellm: …` on failure.
@@ -88,6 +91,7 @@ pub fn main() -> ExitCode {
         Command::Board(a) => board::run(a),
         Command::Audit(a) => audit::run(a),
         Command::Sessions(a) => sessions::run(a),
+        Command::Modbus(a) => modbus::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

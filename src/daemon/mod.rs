@@ -11,7 +11,7 @@ pub mod config;
 mod embedded;
 #[cfg(feature = "test-hooks")]
 mod hooks;
-mod modbus;
+pub mod modbus;
 pub mod notify;
 mod refusal;
 mod serial;

@@ -4,6 +4,7 @@
 use super::config::{Config, Parity, SerialFlow, SerialMode};
 use super::serve::DaemonError;
 use crate::serial::modbus::server::{self, ModbusConfig, RtuSettings};
+use crate::serial::modbus::typed::Typed;
 use crate::serial::stats::PortStats;
 use crate::service::Handle;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub fn start(
     stop: &watch::Receiver<bool>,
 ) -> Result<Started, DaemonError> {
     let l = &cfg.limits;
+    let formats = typed_formats(cfg).map_err(DaemonError::Config)?;
     let base = ModbusConfig {
         unit_id: 1,
         model_name: model_name.to_owned(),
@@ -38,6 +40,7 @@ pub fn start(
         timeout: Some(l.request_timeout()),
         max_prompt_bytes: usize::try_from(l.max_prompt_bytes).unwrap_or(usize::MAX),
         max_answer_bytes: MAX_ANSWER_BYTES,
+        formats,
     };
     let mut out = Started {
         tasks: Vec::new(),
@@ -115,4 +118,23 @@ pub fn start(
         out.ports.push(stats);
     }
     Ok(out)
+}
+
+/// The formats of `modbus.formats`, in order, laid out as registers: a schema whose typed
+/// properties do not fit the typed block is refused here, at start.
+pub fn typed_formats(cfg: &Config) -> Result<Arc<[Typed]>, String> {
+    if cfg.modbus.formats.is_empty() {
+        return Ok(Arc::from([]));
+    }
+    let shapes = cfg.formats().map_err(|e| e.to_string())?;
+    cfg.modbus
+        .formats
+        .iter()
+        .map(|name| {
+            let shape = shapes
+                .get(name)
+                .ok_or_else(|| format!("modbus.formats: {name:?} is not a configured format"))?;
+            Typed::of(name, shape).map_err(|e| format!("modbus.formats: {e}"))
+        })
+        .collect()
 }

@@ -6,6 +6,9 @@ use crate::runtime::MAX_THREADS;
 use std::fmt;
 use std::ops::RangeInclusive;
 
+/// Most formats `modbus.formats` lists (the `FORMAT` register's values).
+const MAX_MODBUS_FORMATS: usize = 64;
+
 /// A refusal found by validation, before the origin is known.
 #[derive(Debug)]
 pub(super) struct Bad {
@@ -212,6 +215,24 @@ impl Config {
                 format!("choices.{n}"),
                 format!("{n:?} is also in [schemas]: a format name is one or the other"),
             ));
+        }
+        let modbus = &self.modbus.formats;
+        if modbus.len() > MAX_MODBUS_FORMATS {
+            return Err(bad(
+                "modbus.formats",
+                format!("has at most {MAX_MODBUS_FORMATS} names"),
+            ));
+        }
+        for (i, name) in modbus.iter().enumerate() {
+            if !self.schemas.contains_key(name) && !self.choices.contains_key(name) {
+                return Err(bad(
+                    "modbus.formats",
+                    format!("{name:?} is in neither [schemas] nor [choices]"),
+                ));
+            }
+            if modbus[..i].contains(name) {
+                return Err(bad("modbus.formats", format!("{name:?} is listed twice")));
+            }
         }
         for (name, options) in &self.choices {
             if options.is_empty() || options.len() > 256 {

@@ -311,7 +311,8 @@ fn default_unit_id() -> u32 {
     1
 }
 
-/// `[modbus]`: the Modbus TCP server (the RTU ones are `[[serial]]` ports in mode `modbus`).
+/// `[modbus]`: the Modbus TCP server (the RTU ones are `[[serial]]` ports in mode `modbus`),
+/// and the answer formats of every Modbus port.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModbusTcpConfig {
@@ -321,6 +322,9 @@ pub struct ModbusTcpConfig {
     pub tcp: Option<std::net::SocketAddr>,
     /// The unit id served over TCP (0xFF is served too).
     pub unit_id: u32,
+    /// The answer formats (names of `[schemas]` and `[choices]`) a master selects by number
+    /// in the `FORMAT` register, on every Modbus port: 1 is the first.
+    pub formats: Vec<String>,
 }
 
 impl Default for ModbusTcpConfig {
@@ -328,6 +332,7 @@ impl Default for ModbusTcpConfig {
         ModbusTcpConfig {
             tcp: None,
             unit_id: default_unit_id(),
+            formats: Vec::new(),
         }
     }
 }

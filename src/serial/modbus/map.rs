@@ -22,7 +22,7 @@
 //! | 7 | `PAGE_SHOWN` | r | the page the window (32–156) shows |
 //! | 8 | `FINISH_REASON` | r | with status 3: 1 eog, 2 length, 3 context_full, 4 cancelled, 5 timeout |
 //! | 9 | `TOKENS` | r | tokens generated (saturates at 65535) |
-//! | 10 | `MAP_VERSION` | r | 1 |
+//! | 10 | `MAP_VERSION` | r | 2 (1: without 26–28 and the typed block) |
 //! | 11 | `PROMPT_CAPACITY` | r | most bytes of prompt |
 //! | 12 | `MAX_TOKENS_LIMIT` | r | largest `MAX_TOKENS` accepted |
 //! | 13–15 | reserved | r | 0 |
@@ -35,11 +35,16 @@
 //! | 23 | `MODE` | rw | 0: raw text, continued as is (as `edgellm run`); 1: chat, the user's message in the model's template (with `SESSION`: the next turn of its conversation); 2: reset `SESSION` (no prompt); 3: `SESSION`'s conversation as the answer (no prompt) |
 //! | 24 | `PAGE_SELECT` | rw | the answer page the window shows |
 //! | 25 | `CANCEL` | w (reads 0) | non-zero: cancel the request in progress |
+//! | 26 | `FORMAT` | rw | 0: free text; n: the answer has the shape of the n-th of the configuration's `modbus.formats` (a schema or a choice list) |
+//! | 27 | `VALID` | r | with status 3: 0 no format asked, 1 the answer has the format's shape, 2 it does not (cut short) |
+//! | 28 | `CHOICE` | r | with a choice format and a valid answer: the option's index (0 the first); else 0xFFFF |
 //! | 32–156 | `ANSWER_PAGE` | r | 125 registers: bytes `250·PAGE_SELECT …` of the answer |
+//! | 160–255 | `TYPED` | r | a schema format's numbers, booleans and enums, each at its place ([`typed`](super::typed)); 0 where no property is |
 //! | 256– | `PROMPT` | rw | `PROMPT_CAPACITY / 2` registers of prompt |
 //!
-//! Anything else (26–31, 157–255, past the prompt) is unmapped: a read or write touching it is
-//! refused with exception 0x02.
+//! Anything else (29–31, 157–159, past the prompt) is unmapped: a read or write touching it is
+//! refused with exception 0x02, as is a read spanning two of the blocks (0–28, 32–156,
+//! 160–255, the prompt).
 //!
 //! Text (prompt and answer) is UTF-8, two bytes a register, high byte first, NUL-padded, as
 //! SunSpec strings are.
@@ -55,6 +60,10 @@
 //! 4. Read `ANSWER_LEN`, then the pages: write `PAGE_SELECT` and read 32–156, or both in one
 //!    FC23 (write 24, read 32). A page may be read while the answer grows.
 //!
+//! With `FORMAT` set, the answer has that shape or `VALID` says it has not; a choice's index is
+//! in `CHOICE`, a schema's typed properties in `TYPED`, both set when the answer is done (and
+//! "no value" until then, or when it is not valid). The text pages hold the answer as always.
+//!
 //! Writing `REQUEST_SEQ` again with the value just accepted does nothing (a master's retry of
 //! a write whose reply was lost must not run the prompt twice).
 //!
@@ -64,15 +73,17 @@
 //! |---|---|
 //! | 0x01 illegal function | coils, discrete inputs, any function code but 3, 4, 6, 16, 23 and 43/14 |
 //! | 0x02 illegal data address | a range touching an unmapped address; a write touching a read-only register; FC43/14 individual access to an unknown object |
-//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 3; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
+//! | 0x03 illegal data value | a quantity of 0 or above 125 (read), 123 (FC16), 121 (FC23 write); `PROMPT_LEN` above capacity; `MAX_TOKENS` above the limit; `TEMPERATURE` above 200; `SESSION` above 9999; `MODE` above 3; `FORMAT` above the number of formats; `PAGE_SELECT` past the answer; a request whose prompt is not UTF-8 |
 //! | 0x06 server device busy | `REQUEST_SEQ` written while a request is queued or running; the appliance's queue is full |
 //!
 //! A refused write changes nothing. A request the service refuses for another reason (an
 //! empty or blank prompt, a full context, …) is accepted and ends at once in status 4 with its
 //! error code.
 
-use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request, ServiceError};
+use super::typed::{TYPED_REGS, Typed};
+use crate::service::{ErrorCode, Event, FinishReason, Format, Prompt, Request, ServiceError};
 use crate::tokenizer::ChatMessage;
+use std::sync::Arc;
 
 /// Registers of the status block (read-only).
 pub const STATUS: u16 = 0;
@@ -97,16 +108,22 @@ pub const SESSION: u16 = 22;
 pub const MODE: u16 = 23;
 pub const PAGE_SELECT: u16 = 24;
 pub const CANCEL: u16 = 25;
+pub const FORMAT: u16 = 26;
+/// Registers of the typed answer (read-only).
+pub const VALID: u16 = 27;
+pub const CHOICE: u16 = 28;
 /// The window on the answer.
 pub const ANSWER_PAGE: u16 = 32;
 /// Registers in a page: the most one FC03/FC04 may read.
 pub const PAGE_REGS: u16 = 125;
 pub const PAGE_BYTES: usize = 2 * PAGE_REGS as usize;
+/// The typed block: a schema answer's numbers, booleans and enums.
+pub const TYPED: u16 = 160;
 /// The prompt area.
 pub const PROMPT: u16 = 256;
 
 /// Version of this map, in `MAP_VERSION`: a master can check it knows the layout.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Most registers one read (FC03, FC04, FC23's read) may ask for.
 pub const MAX_READ: usize = 125;
 /// Most registers one FC16 may write.
@@ -120,10 +137,15 @@ const MAX_SESSION: u16 = 9999;
 /// `MODE`: 0 raw text, 1 chat, 2 reset the session, 3 the session's history.
 const MAX_MODE: u16 = 3;
 
-/// End of the low block (status, control, answer window), exclusive.
-const LOW_END: u16 = ANSWER_PAGE + PAGE_REGS;
+/// End of the answer window, exclusive.
+const PAGE_END: u16 = ANSWER_PAGE + PAGE_REGS;
 /// End of the writable control registers, exclusive.
-const CONTROL_END: u16 = CANCEL + 1;
+const CONTROL_END: u16 = FORMAT + 1;
+/// End of the status and control block, exclusive.
+const HEAD_END: u16 = CHOICE + 1;
+const TYPED_END: u16 = TYPED + TYPED_REGS as u16;
+/// "No value" in `CHOICE`.
+const NO_CHOICE: u16 = 0xFFFF;
 
 /// A Modbus exception, as the map decides it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +195,8 @@ pub struct MailboxConfig {
     pub vendor: String,
     pub product: String,
     pub version: String,
+    /// The formats `FORMAT` selects: 1 is the first.
+    pub formats: Arc<[Typed]>,
 }
 
 /// The writable control registers, copied so a write is checked whole before it is kept.
@@ -186,6 +210,7 @@ struct Control {
     session: u16,
     mode: u16,
     page: u16,
+    format: u16,
 }
 
 /// One mailbox: the state of one PLC's conversation with the appliance.
@@ -208,6 +233,11 @@ pub struct Mailbox {
     /// The id of the request in progress (queued or running).
     current: Option<String>,
     next_id: u64,
+    /// The format of the request the status is about (`FORMAT` may change meanwhile).
+    asked: Option<usize>,
+    valid: u16,
+    choice: u16,
+    typed: Box<[u16; TYPED_REGS]>,
 }
 
 impl Mailbox {
@@ -231,6 +261,7 @@ impl Mailbox {
                 session: 0,
                 mode: 0,
                 page: 0,
+                format: 0,
             },
             status: Status::Idle,
             error: 0,
@@ -241,6 +272,10 @@ impl Mailbox {
             tokens: 0,
             current: None,
             next_id: 0,
+            asked: None,
+            valid: 0,
+            choice: NO_CHOICE,
+            typed: Box::new([0; TYPED_REGS]),
         }
     }
 
@@ -263,18 +298,23 @@ impl Mailbox {
         Ok((addr..addr + n).map(|a| self.register(a)).collect())
     }
 
-    /// Whether `n` registers from `addr` may be read: a quantity of 1 to 125, every address
-    /// mapped (the low block without the gap between the control block and the answer window,
-    /// or the prompt area).
+    /// Whether `n` registers from `addr` may be read: a quantity of 1 to 125, all in one
+    /// block (status and control, the answer window, the typed block, the prompt area).
     fn check_read(&self, addr: u16, n: u16) -> Result<(), Exception> {
         if n == 0 || n as usize > MAX_READ {
             return Err(Exception::IllegalDataValue);
         }
-        let end = addr as u32 + n as u32;
-        let in_gap = (addr as u32) < ANSWER_PAGE as u32 && end > CONTROL_END as u32;
-        let in_low = end <= LOW_END as u32 && !in_gap;
-        let in_prompt = addr >= PROMPT && end <= self.prompt_end() as u32;
-        if !in_low && !in_prompt {
+        let (addr, end) = (addr as u32, addr as u32 + n as u32);
+        let blocks = [
+            (STATUS, HEAD_END),
+            (ANSWER_PAGE, PAGE_END),
+            (TYPED, TYPED_END),
+            (PROMPT, self.prompt_end()),
+        ];
+        if !blocks
+            .iter()
+            .any(|&(from, to)| addr >= from as u32 && end <= to as u32)
+        {
             return Err(Exception::IllegalDataAddress);
         }
         Ok(())
@@ -306,13 +346,17 @@ impl Mailbox {
             SESSION => self.ctl.session,
             MODE => self.ctl.mode,
             PAGE_SELECT => self.ctl.page,
-            ANSWER_PAGE..LOW_END => {
+            FORMAT => self.ctl.format,
+            VALID => self.valid,
+            CHOICE => self.choice,
+            TYPED..TYPED_END => self.typed[(a - TYPED) as usize],
+            ANSWER_PAGE..PAGE_END => {
                 let at = self.ctl.page as usize * PAGE_BYTES + 2 * (a - ANSWER_PAGE) as usize;
                 let byte = |i: usize| *self.answer.get(i).unwrap_or(&0) as u16;
                 (byte(at) << 8) | byte(at + 1)
             }
             _ if a >= PROMPT => self.prompt.get((a - PROMPT) as usize).copied().unwrap_or(0),
-            // The reserved registers (13–15) and CANCEL read 0; 26–31 are refused above.
+            // The reserved registers (13–15) and CANCEL read 0; the gaps are refused above.
             _ => 0,
         }
     }
@@ -385,6 +429,10 @@ impl Mailbox {
                     ctl.page = v;
                     v == 0 || v < self.page_count()
                 }
+                FORMAT => {
+                    ctl.format = v;
+                    v as usize <= self.cfg.formats.len()
+                }
                 _ => {
                     cancel |= v != 0;
                     true
@@ -415,6 +463,10 @@ impl Mailbox {
             self.tokens = 0;
             self.answer.clear();
             self.ctl.page = 0;
+            self.asked = (ctl.format as usize).checked_sub(1);
+            self.valid = 0;
+            self.choice = NO_CHOICE;
+            self.typed_values(None);
             return Ok(Written::Submit(Box::new(req)));
         }
         Ok(if cancel {
@@ -481,6 +533,12 @@ impl Mailbox {
         };
         req.sampling.temperature = ctl.temperature as f32 / 100.0;
         req.sampling.seed = ((ctl.seed[0] as u64) << 16) | ctl.seed[1] as u64;
+        if let Some(t) = (ctl.format as usize)
+            .checked_sub(1)
+            .and_then(|i| self.cfg.formats.get(i))
+        {
+            req.format = Some(Format::Named(t.name.clone()));
+        }
         Ok(req)
     }
 
@@ -526,6 +584,17 @@ impl Mailbox {
                 self.answer.clear();
                 self.push_answer(&d.text);
                 self.tokens = d.usage.completion_tokens.min(u16::MAX as usize) as u16;
+                self.valid = match d.valid {
+                    None => 0,
+                    Some(true) => 1,
+                    Some(false) => 2,
+                };
+                if d.valid == Some(true) {
+                    if let Some(t) = self.asked.and_then(|i| self.cfg.formats.get(i)) {
+                        self.choice = t.choice_index(&d.text);
+                    }
+                    self.typed_values(d.json.as_ref());
+                }
                 self.finish(d.finish_reason);
             }
             Event::Error(e) => {
@@ -547,6 +616,14 @@ impl Mailbox {
             FinishReason::Cancelled => 4,
             FinishReason::Timeout => 5,
         };
+    }
+
+    /// The typed block for the asked format's answer (`None`: no value; no format: zeros).
+    fn typed_values(&mut self, json: Option<&serde_json::Value>) {
+        match self.asked.and_then(|i| self.cfg.formats.get(i)) {
+            Some(t) => t.fill(json, &mut self.typed),
+            None => self.typed.fill(0),
+        }
     }
 
     /// Appends `s` as far as it fits whole characters; `false` if it did not all fit.

@@ -1,5 +1,7 @@
 use super::*;
+use crate::engine::constraint::Shape;
 use crate::service::{Chunk, Done, FinishReason, Timings, Usage};
+use serde_json::json;
 
 fn cfg() -> MailboxConfig {
     MailboxConfig {
@@ -10,7 +12,22 @@ fn cfg() -> MailboxConfig {
         vendor: "edgellm".into(),
         product: "tiny".into(),
         version: "0.1.0".into(),
+        formats: formats(),
     }
+}
+
+/// `FORMAT` 1: a schema with an enum, a boolean, a string and a float; 2: a choice.
+fn formats() -> Arc<[Typed]> {
+    let alarm = Shape::JsonSchema(json!({"type": "object", "properties": {
+        "severity": {"enum": ["low", "medium", "high"]},
+        "stop_line": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "temperature_c": {"type": "number"}}}));
+    let choice = Shape::Choice(vec!["pump".into(), "valve".into(), "motor".into()]);
+    Arc::from([
+        Typed::of("alarm", &alarm).unwrap(),
+        Typed::of("part", &choice).unwrap(),
+    ])
 }
 
 fn mailbox() -> Mailbox {
@@ -52,6 +69,16 @@ fn done(id: &str, text: &str, why: FinishReason, tokens: usize) -> Event {
         shape: None,
         session: None,
     }))
+}
+
+/// A finished answer under a format: `valid`, and for a JSON one its parse.
+fn done_valid(id: &str, text: &str, why: FinishReason, valid: bool) -> Event {
+    let Event::Done(mut d) = done(id, text, why, 4) else {
+        unreachable!()
+    };
+    d.valid = Some(valid);
+    d.json = serde_json::from_str(text).ok().filter(|_| valid);
+    Event::Done(d)
 }
 
 fn text(s: &str) -> Event {
@@ -322,16 +349,23 @@ fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
     let mut m = mailbox();
     let a = Exception::IllegalDataAddress;
     assert_eq!(m.read(150, 10).unwrap_err(), a, "past the answer window");
-    assert_eq!(m.read(200, 1).unwrap_err(), a, "the gap");
-    // 26–31, between the control block and the answer window, are unmapped too.
+    assert_eq!(
+        m.read(158, 1).unwrap_err(),
+        a,
+        "the gap before the typed block"
+    );
+    // 29–31, between the control block and the answer window, are unmapped too, and a read
+    // may not span two blocks.
     for (addr, n) in [
-        (26, 1),
+        (29, 1),
         (31, 1),
-        (26, 6),
-        (25, 2),
+        (29, 3),
+        (28, 2),
         (30, 3),
         (0, 32),
         (0, 125),
+        (155, 6),
+        (250, 7),
     ] {
         assert_eq!(m.read(addr, n).unwrap_err(), a, "{n} from {addr}");
         assert_eq!(
@@ -340,19 +374,22 @@ fn unmapped_and_read_only_addresses_are_illegal_data_addresses() {
             "FC23: {n} from {addr}"
         );
     }
-    assert_eq!(m.read(0, 26).unwrap().len(), 26, "up to CANCEL");
+    assert_eq!(m.read(0, 29).unwrap().len(), 29, "up to CHOICE");
     assert_eq!(m.read(ANSWER_PAGE, 125).unwrap().len(), 125);
+    assert_eq!(m.read(TYPED, 96).unwrap(), vec![0; 96]);
     assert_eq!(m.read(PROMPT + 500, 1).unwrap_err(), a, "past the prompt");
     assert_eq!(m.read(PROMPT + 499, 1).unwrap(), vec![0]);
     assert_eq!(m.read(65535, 1).unwrap_err(), a);
     assert_eq!(m.write(STATUS, &[1]).unwrap_err(), a, "read-only");
     assert_eq!(m.write(15, &[0, 1]).unwrap_err(), a, "straddles read-only");
     assert_eq!(
-        m.write(CANCEL, &[0, 0]).unwrap_err(),
+        m.write(FORMAT, &[0, 0]).unwrap_err(),
         a,
         "past the control block"
     );
+    assert_eq!(m.write(VALID, &[1]).unwrap_err(), a, "read-only");
     assert_eq!(m.write(ANSWER_PAGE, &[1]).unwrap_err(), a);
+    assert_eq!(m.write(TYPED, &[1]).unwrap_err(), a);
     assert_eq!(m.write(PROMPT + 499, &[1, 2]).unwrap_err(), a);
     assert_eq!(
         m.read(REQUEST_SEQ, 1).unwrap(),
@@ -376,6 +413,7 @@ fn quantities_and_values_out_of_range_are_illegal_data_values() {
     assert_eq!(m.write(TEMPERATURE, &[201]).unwrap_err(), v);
     assert_eq!(m.write(SESSION, &[10000]).unwrap_err(), v);
     assert_eq!(m.write(MODE, &[4]).unwrap_err(), v);
+    assert_eq!(m.write(FORMAT, &[3]).unwrap_err(), v, "two formats");
     assert_eq!(m.write(PAGE_SELECT, &[1]).unwrap_err(), v);
     // One bad value refuses the whole write.
     assert_eq!(m.write(PROMPT_LEN, &[4, 65]).unwrap_err(), v);
@@ -413,7 +451,7 @@ fn a_refused_fc23_read_writes_nothing() {
     let r = ask(&mut m, "hi", 1);
     m.on_event(&r.id, done(&r.id, &"a".repeat(300), FinishReason::Eog, 1));
     assert_eq!(
-        m.read_write(200, 1, PAGE_SELECT, &[1]).unwrap_err(),
+        m.read_write(158, 1, PAGE_SELECT, &[1]).unwrap_err(),
         Exception::IllegalDataAddress
     );
     assert_eq!(m.read(PAGE_SELECT, 1).unwrap(), vec![0]);
@@ -448,4 +486,80 @@ fn text_and_registers_round_trip_high_byte_first() {
     assert_eq!(text_to_registers("AB C"), vec![0x4142, 0x2043]);
     assert_eq!(text_to_registers("xyz"), vec![0x7879, 0x7a00]);
     assert_eq!(registers_to_bytes(&[0x4142]), b"AB");
+}
+
+#[test]
+fn a_choice_answer_is_its_index_and_a_schema_answer_fills_the_typed_block() {
+    let mut m = mailbox();
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![0, 0xFFFF], "nothing asked");
+
+    // A choice: the request names the format; CHOICE is the option's index once done.
+    m.write(FORMAT, &[2]).unwrap();
+    let req = ask(&mut m, "Which part failed?", 1);
+    assert!(
+        matches!(&req.format, Some(Format::Named(n)) if n == "part"),
+        "{req:?}"
+    );
+    m.on_event(&req.id, text("valve"));
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![0, 0xFFFF], "not done yet");
+    m.on_event(
+        &req.id,
+        done_valid(&req.id, "valve", FinishReason::Eog, true),
+    );
+    assert_eq!(m.read(STATUS, 1).unwrap(), vec![Status::Done as u16]);
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![1, 1]);
+    assert_eq!(
+        m.read(TYPED, 4).unwrap(),
+        vec![0; 4],
+        "a choice has no typed block"
+    );
+    assert_eq!(answer(&m), "valve");
+
+    // A schema: each typed property at its place; the string only in the text.
+    m.write(FORMAT, &[1]).unwrap();
+    let req = ask(&mut m, "Classify: bearing overheating", 2);
+    assert!(matches!(&req.format, Some(Format::Named(n)) if n == "alarm"));
+    // The answer reported is the request's, whatever FORMAT says meanwhile.
+    m.write(FORMAT, &[0]).unwrap();
+    let json =
+        r#"{"severity": "high", "stop_line": true, "reason": "bearing", "temperature_c": 81.5}"#;
+    m.on_event(&req.id, done_valid(&req.id, json, FinishReason::Eog, true));
+    let t = 81.5f32.to_bits();
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![1, 0xFFFF]);
+    assert_eq!(
+        m.read(TYPED, 5).unwrap(),
+        vec![2, 1, (t >> 16) as u16, t as u16, 0]
+    );
+    assert_eq!(answer(&m), json);
+
+    // Cut short: not valid, every typed register "no value", no index.
+    m.write(FORMAT, &[1]).unwrap();
+    let req = ask(&mut m, "Classify again", 3);
+    assert_eq!(
+        m.read(TYPED, 4).unwrap(),
+        vec![0xFFFF, 0xFFFF, 0x7FC0, 0],
+        "cleared"
+    );
+    m.on_event(
+        &req.id,
+        done_valid(&req.id, r#"{"severity": "hi"#, FinishReason::Length, false),
+    );
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![2, 0xFFFF]);
+    assert_eq!(m.read(FINISH_REASON, 1).unwrap(), vec![2]);
+    assert_eq!(m.read(TYPED, 4).unwrap(), vec![0xFFFF, 0xFFFF, 0x7FC0, 0]);
+    m.write(FORMAT, &[2]).unwrap();
+    let req = ask(&mut m, "Which part?", 4);
+    m.on_event(
+        &req.id,
+        done_valid(&req.id, "mot", FinishReason::Length, false),
+    );
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![2, 0xFFFF]);
+
+    // Without a format: no format on the request, VALID 0.
+    m.write(FORMAT, &[0]).unwrap();
+    let req = ask(&mut m, "Free text", 5);
+    assert!(req.format.is_none());
+    m.on_event(&req.id, done(&req.id, "anything", FinishReason::Eog, 2));
+    assert_eq!(m.read(VALID, 2).unwrap(), vec![0, 0xFFFF]);
+    assert_eq!(m.read(TYPED, 4).unwrap(), vec![0; 4]);
 }

@@ -19,6 +19,7 @@
 
 use super::map::{Exception, Mailbox, MailboxConfig, Written};
 use super::tcp_guard::{Guarded, tcp_unit_served};
+use super::typed::Typed;
 use crate::serial::stats::{Count, PortState, PortStats};
 use crate::service::{Canceller, Handle, Ticket};
 use std::future::{Ready, ready};
@@ -51,6 +52,8 @@ pub struct ModbusConfig {
     pub max_prompt_bytes: usize,
     /// Most bytes of answer kept.
     pub max_answer_bytes: usize,
+    /// The answer formats a master selects with `FORMAT` (1 is the first).
+    pub formats: Arc<[Typed]>,
 }
 
 /// How to set up an RTU line.
@@ -141,6 +144,7 @@ impl Shared {
             vendor: "edgellm".into(),
             product: cfg.model_name.clone(),
             version: cfg.version.clone(),
+            formats: Arc::clone(&cfg.formats),
         });
         Arc::new(Shared {
             map: Arc::new(Mutex::new(map)),

@@ -318,6 +318,11 @@ pub fn modbus(data: &[u8]) {
         vendor: "edgellm".into(),
         product: "fuzz".into(),
         version: "0".into(),
+        formats: std::sync::Arc::from([edgellm::serial::modbus::typed::Typed::of(
+            "part",
+            &edgellm::engine::constraint::Shape::Choice(vec!["pump".into(), "valve".into()]),
+        )
+        .expect("a two-option choice")]),
     };
     let mut m = Mailbox::new(cfg);
     let mut input = Input::new(data);
@@ -370,7 +375,10 @@ pub fn modbus(data: &[u8]) {
             }
             5 => {
                 if let Some(id) = m.current().map(str::to_owned) {
-                    let d = done(Some(std::mem::take(&mut streamed)), FinishReason::Eog);
+                    let mut d = done(Some(std::mem::take(&mut streamed)), FinishReason::Eog);
+                    // Under a format (the typed registers), valid or not, JSON or not.
+                    d.valid = [None, Some(true), Some(false)][input.u8() as usize % 3];
+                    d.json = serde_json::from_str(&d.text).ok();
                     m.on_event(&id, Event::Done(Box::new(d)));
                 }
                 false
