@@ -423,10 +423,11 @@ fn values(input: &mut Input) -> Vec<u16> {
 
 /// Every register a master can read.
 fn registers(m: &Mailbox) -> Vec<u16> {
-    // 26–31 are unmapped: a read touching them is refused (exception 0x02).
-    assert!(m.read(26, 1).is_err(), "26 is unmapped");
-    let mut all = m.read(0, 26).expect("status and control");
+    // 29–31 are unmapped: a read touching them is refused (exception 0x02).
+    assert!(m.read(29, 1).is_err(), "29 is unmapped");
+    let mut all = m.read(0, 29).expect("status and control");
     all.extend(m.read(32, 125).expect("the window"));
+    all.extend(m.read(map::TYPED, 96).expect("the typed block"));
     all.extend(m.read(map::PROMPT, 30).expect("the prompt area"));
     assert!(
         m.read(map::PROMPT + 30, 1).is_err(),
@@ -464,4 +465,17 @@ fn check_mailbox(m: &Mailbox) {
     assert_eq!(status == 4, error != 0, "status {status}, error {error}");
     assert_eq!(status == 3, finish != 0, "status {status}, finish {finish}");
     assert_eq!(r[10], map::VERSION);
+    // A typed answer only once done; an index only of a valid one, within the options.
+    let t = m.read(map::VALID, 2).expect("VALID and CHOICE");
+    assert!(
+        t[0] <= 2 && (t[0] == 0 || status == 3),
+        "valid {} in status {status}",
+        t[0]
+    );
+    assert!(
+        t[1] == 0xFFFF || (t[0] == 1 && t[1] < 2),
+        "choice {} valid {}",
+        t[1],
+        t[0]
+    );
 }
