@@ -237,6 +237,102 @@ fn the_lazy_check_agrees_with_the_full_mask() {
     }
 }
 
+/// A pick under a constraint is a pick from the logits with every refused token removed, as
+/// the full mask (read token by token) says: greedy, lazily or masking at every token, is the
+/// argmax of the allowed logits; a seeded draw that masks is the draw an unconstrained sampler
+/// with the same seed makes from the masked logits after its first draw; a lazy seeded draw is
+/// an allowed token.
+#[test]
+fn a_constrained_pick_is_a_pick_from_the_masked_logits() {
+    let model = load("q8_0");
+    let g = Grammars::new(&model, Limits::default()).unwrap();
+    let n = model.hp.n_vocab;
+    let mut rng = edgellm::engine::sampler::Rng::new(11);
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        repeat_penalty: 1.0,
+        ..SamplingParams::default()
+    };
+    let seeded = |seed| SamplingParams {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        seed,
+        ..SamplingParams::default()
+    };
+    let shapes = [
+        Shape::JsonSchema(alarm_schema()),
+        Shape::Regex("(ok|fail) [0-9]{2,4}".into()),
+        Shape::Choice(vec!["bearing".into(), "belt".into(), "sensor fault".into()]),
+    ];
+    let mut states = 0;
+    for shape in &shapes {
+        let mut prefix: Vec<u32> = Vec::new();
+        for _step in 0..6 {
+            // The constraint in the state `prefix` leads to, fresh for each use.
+            let at = || {
+                let mut c = g.compile(shape, 64).unwrap();
+                for &t in &prefix {
+                    c.advance(t).unwrap();
+                }
+                c
+            };
+            let mut reference = at();
+            if reference.is_complete() {
+                break;
+            }
+            let mask = reference.mask().unwrap();
+            // Random logits, with the likeliest tokens mostly refused: the mask decides.
+            let logits: Vec<f32> = (0..n).map(|_| rng.next_f32() * 8.0 - 4.0).collect();
+            let masked: Vec<f32> = logits
+                .iter()
+                .zip(&mask)
+                .map(|(&l, &ok)| if ok { l } else { f32::NEG_INFINITY })
+                .collect();
+            let best = edgellm::engine::sampler::argmax(&masked) as u32;
+            for always_mask in [false, true] {
+                let mut c = at();
+                c.always_mask = always_mask;
+                let mut s = Sampler::new(greedy.clone(), n);
+                s.constrain(c);
+                let tok = s.next(&mut logits.clone(), &[]).unwrap();
+                assert_eq!(
+                    tok, best,
+                    "{shape:?} after {prefix:?}, always_mask {always_mask}"
+                );
+            }
+            for seed in [1, 2, 3] {
+                let mut c = at();
+                c.always_mask = true;
+                let mut s = Sampler::new(seeded(seed), n);
+                s.constrain(c);
+                let tok = s.next(&mut logits.clone(), &[]).unwrap();
+                // The refused first draw was made (and its random number used) before the
+                // mask: the masked draw is the sampler's second.
+                let mut plain = Sampler::new(seeded(seed), n);
+                plain.next(&mut logits.clone(), &[]).unwrap();
+                let want = plain.next(&mut masked.clone(), &[]).unwrap();
+                assert_eq!(tok, want, "{shape:?} after {prefix:?}, seed {seed}");
+                let mut s = Sampler::new(seeded(seed), n);
+                s.constrain(at());
+                let tok = s.next(&mut logits.clone(), &[]).unwrap();
+                assert!(
+                    mask[tok as usize],
+                    "{shape:?}: lazy seeded pick {tok} refused"
+                );
+            }
+            states += 1;
+            if model.tokenizer.is_eog(best) {
+                break;
+            }
+            prefix.push(best);
+        }
+    }
+    assert!(states >= 10, "only {states} states");
+}
+
 /// Forced tokens fed as one chunk give the tokens that feeding them one step each gives, and
 /// a seeded answer is the same at 1 and 2 threads.
 #[test]

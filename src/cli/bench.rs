@@ -68,7 +68,8 @@ pub struct Args {
     bandwidth: bool,
     /// Instead of pp/tg: the cost of an answer format (a JSON Schema file, *.json, or a Lark
     /// grammar): decode t/s of a chat answer unconstrained (-n tokens) and under the format,
-    /// their ratio, and the format's check per sampled token (mean, p99) against a decode step.
+    /// their ratio, the format's check per sampled token (mean, p99) against a decode step, and
+    /// the cost of finding each token the format forces.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["restore", "profile", "svg", "bandwidth"])]
     grammar: Option<PathBuf>,
 }

@@ -1,7 +1,8 @@
 //! `edgellm bench --grammar FILE`: what an answer format costs. The same chat prompt is
 //! answered unconstrained (a fixed number of tokens) and under the format, at each thread
-//! count; the table gives both decode rates, their ratio, and the constraint's cost per
-//! sampled token (mean and p99) as a share of an unconstrained decode step.
+//! count; the table gives both decode rates, their ratio, the constraint's cost per sampled
+//! token (the check, and the mask when the token is refused: mean and p99) as a share of an
+//! unconstrained decode step, and what finding the forced tokens cost per forced token.
 
 use edgellm::engine::constraint::{Grammars, Limits, Shape};
 use edgellm::engine::{Engine, EngineConfig, GenParams, Sampler, SamplingParams};
@@ -111,6 +112,8 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
             "mask_p99_us": stats.p99_us,
             "mask_mean_of_step": stats.mean_us / step_us,
             "mask_p99_of_step": stats.p99_us / step_us,
+            "forced": stats.forced,
+            "forced_us_per_token": stats.forced_us / stats.forced.max(1) as f64,
             "text": String::from_utf8_lossy(&tok.decode(&c.generated)),
         }));
     }
@@ -126,12 +129,12 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
     );
     println!(
         "| threads | tg t/s | constrained t/s | ratio | tokens (sampled, masked) | check mean µs | \
-         p99 µs | mean of a step | p99 of a step | compile ms |"
+         p99 µs | mean of a step | p99 of a step | forced | µs a forced token | compile ms |"
     );
-    println!("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {} ({}, {}){} | {:.1} | {:.1} | {:.2}% | {:.2}% | {:.1} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {} ({}, {}){} | {:.1} | {:.1} | {:.2}% | {:.2}% | {} | {:.1} | {:.1} |",
             r["threads"],
             r["tg_tps"].as_f64().unwrap_or(0.0),
             r["constrained_tps"].as_f64().unwrap_or(0.0),
@@ -148,6 +151,8 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
             r["mask_p99_us"].as_f64().unwrap_or(0.0),
             100.0 * r["mask_mean_of_step"].as_f64().unwrap_or(0.0),
             100.0 * r["mask_p99_of_step"].as_f64().unwrap_or(0.0),
+            r["forced"],
+            r["forced_us_per_token"].as_f64().unwrap_or(0.0),
             r["compile_ms"].as_f64().unwrap_or(0.0),
         );
     }
