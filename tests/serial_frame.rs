@@ -1,13 +1,16 @@
 //! The frame mode against the running daemon on a real pseudo-terminal: PING, a request and
 //! its acknowledged answer equal to `edgellm run`, a repeat answered from the cache without a
-//! second computation, a bad CRC, an overlong frame, and a megabyte of noise.
+//! second computation, a bad CRC, an overlong frame, a megabyte of noise, and answer formats
+//! named by the request with their validity on END.
 
 mod common;
 
 use common::mqtt::{Daemon, model_arg};
 use common::serial::{Pty, rss_kib, run_text};
 use edgellm::serial::frame::codec::{self, Decoded, Decoder};
-use edgellm::serial::frame::{FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, kind, nak};
+use edgellm::serial::frame::{
+    FLAG_FORMAT, FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, REFUSAL_INDEX, kind, nak,
+};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(60);
@@ -202,4 +205,98 @@ fn a_session_over_frames_remembers_turn_one_in_turn_three_and_reset_forgets_it()
     assert_eq!(turn(&mut m, FLAG_RESET, ""), "");
     let after = turn(&mut m, 0, question);
     assert!(!after.contains("Ana"), "reset kept the name: {after}");
+}
+
+const ALARM: &str = "Alarm: spindle bearing temperature 95 C and rising. Classify it.";
+const OPTIONS: [&str; 4] = ["low", "medium", "high", "critical"];
+
+/// A chat REQUEST payload naming format `name` (bit 4: its length and name before the prompt).
+fn format_request(name: &[u8], max_tokens: u16, prompt: &str) -> Vec<u8> {
+    let mut p = vec![FLAG_FORMAT];
+    p.extend_from_slice(&max_tokens.to_le_bytes());
+    p.push(name.len() as u8);
+    p.extend_from_slice(name);
+    p.extend_from_slice(prompt.as_bytes());
+    p
+}
+
+#[test]
+fn a_request_naming_a_format_gets_its_shape_and_end_says_whether_it_has_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = include_str!("../bench/formats/alarm.json");
+    std::fs::write(dir.path().join("alarm.json"), schema).unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(
+        &conf,
+        "[schemas]\nalarm = \"alarm.json\"\n\n\
+         [choices]\nseverity = [\"low\", \"medium\", \"high\", \"critical\"]\n",
+    )
+    .unwrap();
+    let p = Pty::open();
+    let conf = conf.to_str().unwrap();
+    let d = daemon_with(&p, &model(), &["-c", "512", "--config", conf]);
+    let log = d.wait_log(T, |l| l.contains("named answer formats ready"));
+    assert!(log.contains("formats=2"), "{log}");
+    let mut m = Master {
+        p,
+        dec: Decoder::new(codec::MAX_PAYLOAD),
+        pending: Vec::new(),
+    };
+    let ask = |m: &mut Master, seq: u8, payload: &[u8]| {
+        m.send(seq, kind::REQUEST, payload);
+        assert_eq!(m.frame(T), (seq, kind::R_ACK, vec![]));
+        m.answer(seq)
+    };
+    // END: finish (1), prompt tokens (4), generated tokens (4), validity (1).
+    let (choice, end) = ask(&mut m, 1, &format_request(b"severity", 16, ALARM));
+    assert!(OPTIONS.contains(&choice.as_str()), "{choice:?}");
+    assert_eq!(
+        (end.len(), end[0], end[9]),
+        (10, 0, 1),
+        "eog, valid: {end:?}"
+    );
+
+    let (json, end) = ask(&mut m, 2, &format_request(b"alarm", 100, ALARM));
+    assert_eq!((end[0], end[9]), (0, 1), "eog, valid: {json}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("the answer is JSON");
+    assert!(
+        v["severity"].as_i64().is_some_and(|s| (0..=3).contains(&s))
+            && v["stop_line"].is_boolean()
+            && ["bearing", "belt", "sensor", "other"].contains(&v["reason"].as_str().unwrap()),
+        "{v}"
+    );
+
+    // Cut by max_tokens: finish length, and END says the shape was not reached.
+    let (cut, end) = ask(&mut m, 3, &format_request(b"alarm", 3, ALARM));
+    assert_eq!((end[0], end[9]), (1, 2), "length, invalid: {cut:?}");
+
+    // No format asked: validity 0, and the format of the request before does not stick.
+    let mut plain = vec![0, 4, 0];
+    plain.extend_from_slice(ALARM.as_bytes());
+    let (_, end) = ask(&mut m, 4, &plain);
+    assert_eq!(end[9], 0, "{end:?}");
+
+    // A name the configuration lacks: taken, then the service's refusal ends the answer.
+    m.send(5, kind::REQUEST, &format_request(b"nope", 16, ALARM));
+    assert_eq!(m.frame(T), (5, kind::R_ACK, vec![]));
+    let (seq, k, e) = m.frame(T);
+    assert_eq!((seq, k, &e[..3]), (5, kind::ERROR, &[0, 0, 1][..]), "{e:?}");
+    let message = String::from_utf8_lossy(&e[3..]);
+    assert!(message.contains("nope"), "{message}");
+    m.send(5, kind::ACK, &e[..2]);
+
+    // A malformed format field: refused at once, never taken.
+    for (seq, bad) in [
+        (6, format_request(b"alarm.json", 16, ALARM)),
+        (7, vec![FLAG_FORMAT, 16, 0, 200, b'a']),
+    ] {
+        m.send(seq, kind::REQUEST, &bad);
+        let (s, k, e) = m.frame(T);
+        assert_eq!((s, k), (seq, kind::ERROR));
+        assert_eq!(u16::from_le_bytes([e[0], e[1]]), REFUSAL_INDEX);
+        assert_eq!(e[2], 1, "bad_request: {}", String::from_utf8_lossy(&e[3..]));
+    }
+    // And the port answers on.
+    let (again, end) = ask(&mut m, 8, &format_request(b"severity", 16, ALARM));
+    assert_eq!((again, end[9]), (choice, 1));
 }

@@ -138,6 +138,18 @@ pub enum Format {
     Named(String),
 }
 
+/// Longest name of a configured format.
+pub const MAX_FORMAT_NAME: usize = 64;
+
+/// A name a configured format may have, so one that a request may give: 1 to
+/// [`MAX_FORMAT_NAME`] bytes of `A-Z a-z 0-9 _ -`.
+pub fn valid_format_name(name: &str) -> bool {
+    (1..=MAX_FORMAT_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The text to continue.
 #[derive(Clone, Debug)]
 pub enum Prompt {

@@ -442,6 +442,22 @@ fn frame() -> Vec<(&'static str, Vec<u8>)> {
             .0,
         ),
         (
+            // Bit 4: a format name after the header, END with validity 1; then one with a
+            // session, cut short (validity 2); then a name that is no name.
+            "format",
+            s().port(&req(11, 0x10, "\x08severityIs it hot?"))
+                .done(5)
+                .port(&f(11, kind::ACK, &[0, 0]))
+                .port(&req(12, 0x13, "\x05plc-7\x05alarm{"))
+                .text("{\"sev")
+                .done(11)
+                .port(&f(12, kind::ACK, &[0, 0]))
+                .port(&f(12, kind::ACK, &[1, 0]))
+                .port(&req(13, 0x10, "\x06a.json"))
+                .port(&req(14, 0x14, "\x01s\x01x"))
+                .0,
+        ),
+        (
             "bad_requests",
             s().port(
                 &[

@@ -201,12 +201,7 @@ impl Config {
         let names = self.schemas.keys().map(|n| ("schemas", n));
         for (section, name) in names.chain(self.choices.keys().map(|n| ("choices", n))) {
             let key = format!("{section}.{name}");
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
+            if !crate::service::valid_format_name(name) {
                 return Err(bad(key, "a format name has 1 to 64 of A-Z a-z 0-9 _ -"));
             }
         }

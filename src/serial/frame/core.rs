@@ -13,13 +13,13 @@
 
 use super::codec::{self, Decoded, Decoder, FrameBuf};
 use super::{
-    FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, FrameConfig, FrameError, MIN_PAYLOAD,
-    REFUSAL_INDEX, kind, nak,
+    FLAG_FORMAT, FLAG_HISTORY, FLAG_RAW, FLAG_RESET, FLAG_SESSION, FrameConfig, FrameError,
+    MIN_PAYLOAD, REFUSAL_INDEX, kind, nak,
 };
 use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{ErrorCode, Event, FinishReason, Prompt, Request};
+use crate::service::{ErrorCode, Event, FinishReason, Format, Prompt, Request, valid_format_name};
 use crate::tokenizer::ChatMessage;
 use crc::{CRC_32_ISO_HDLC, Crc};
 use std::time::Instant;
@@ -59,6 +59,8 @@ enum Ending {
         finish: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Whether the answer has the asked format's shape; `None`: no format was asked.
+        valid: Option<bool>,
     },
     Error {
         code: ErrorCode,
@@ -202,7 +204,13 @@ impl FrameCore {
             return refuse(env, seq, ErrorCode::Busy, "a request is being answered");
         }
         let req = match parse_request(payload) {
-            Ok((flags, max_tokens, session, text)) => {
+            Ok(Parsed {
+                flags,
+                max_tokens,
+                session,
+                format,
+                text,
+            }) => {
                 let prompt = if flags & FLAG_RESET != 0 {
                     Prompt::Forget
                 } else if flags & FLAG_HISTORY != 0 {
@@ -226,6 +234,9 @@ impl FrameCore {
                 };
                 let mut req = Request::new(env.new_id(), env.source(), prompt);
                 req.session = session;
+                // A name the configuration lacks is the service's to refuse, with the names
+                // it has.
+                req.format = format.map(|f| Format::Named(f.to_owned()));
                 req.max_tokens = max_tokens;
                 req.deadline = self.cfg.timeout.map(|t| env.now() + t);
                 req
@@ -337,10 +348,13 @@ impl FrameCore {
                     finish,
                     prompt_tokens,
                     completion_tokens,
+                    valid,
                 } => {
                     let _ = p.push(finish_byte(*finish));
                     let _ = p.extend_from_slice(&clamp32(*prompt_tokens).to_le_bytes());
                     let _ = p.extend_from_slice(&clamp32(*completion_tokens).to_le_bytes());
+                    // Last, so that a master reading only the fields before it still works.
+                    let _ = p.push(validity_byte(*valid));
                     (kind::END, true)
                 }
                 Ending::Error { code, message } => {
@@ -417,6 +431,7 @@ impl Core for FrameCore {
                 finish: d.finish_reason,
                 prompt_tokens: d.usage.prompt_tokens,
                 completion_tokens: d.usage.completion_tokens,
+                valid: d.valid,
             }),
             Event::Error(e) => Some(Ending::Error {
                 code: e.code,
@@ -500,36 +515,66 @@ fn refuse(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str) {
     send(env, seq, kind::ERROR, &p);
 }
 
-/// flags, max_tokens (u16 LE, 0: the default), UTF-8 prompt.
-/// A REQUEST's flags, max_tokens, session and prompt.
-fn parse_request(p: &[u8]) -> Result<(u8, u16, Option<SessionId>, &str), &'static str> {
+/// A REQUEST's fields.
+struct Parsed<'a> {
+    flags: u8,
+    max_tokens: u16,
+    session: Option<SessionId>,
+    format: Option<&'a str>,
+    text: &'a str,
+}
+
+/// flags, max_tokens (u16 LE, 0: the default), [session name], [format name], UTF-8 prompt;
+/// each name is its length in one byte, then its bytes.
+fn parse_request(p: &[u8]) -> Result<Parsed<'_>, &'static str> {
     let [flags, lo, hi, rest @ ..] = p else {
         return Err("request payload shorter than its 3-byte header");
     };
     let flags = *flags;
-    if flags & !(FLAG_RAW | FLAG_SESSION | FLAG_RESET | FLAG_HISTORY) != 0 {
+    if flags & !(FLAG_RAW | FLAG_SESSION | FLAG_RESET | FLAG_HISTORY | FLAG_FORMAT) != 0 {
         return Err("unknown request flags");
     }
-    let (session, text) = if flags & FLAG_SESSION != 0 {
-        let [len, rest @ ..] = rest else {
-            return Err("the session flag is set but no session name follows");
-        };
-        let Some((name, text)) = rest.split_at_checked(*len as usize) else {
-            return Err("the session name is longer than the payload");
-        };
+    let (session, rest) = if flags & FLAG_SESSION != 0 {
+        let (name, rest) =
+            counted(rest).ok_or("the session name is missing or past the payload")?;
         let name = std::str::from_utf8(name).map_err(|_| "the session name is not valid UTF-8")?;
         let id = SessionId::parse(name).map_err(|_| "the session name is not a valid name")?;
-        (Some(id), text)
+        (Some(id), rest)
+    } else {
+        (None, rest)
+    };
+    let (format, text) = if flags & FLAG_FORMAT != 0 {
+        let (name, rest) = counted(rest).ok_or("the format name is missing or past the payload")?;
+        let name = std::str::from_utf8(name)
+            .ok()
+            .filter(|n| valid_format_name(n))
+            .ok_or("a format name has 1 to 64 of A-Z a-z 0-9 _ -")?;
+        (Some(name), rest)
     } else {
         (None, rest)
     };
     let acts = flags & (FLAG_RESET | FLAG_HISTORY);
+    if acts != 0 && format.is_some() {
+        return Err("reset and history take no format");
+    }
     if acts != 0 && (session.is_none() || acts == FLAG_RESET | FLAG_HISTORY || !text.is_empty()) {
         return Err("reset and history need a session name, no prompt, and not both");
     }
     // A blank prompt is the service's to refuse, as for every front end.
     let text = std::str::from_utf8(text).map_err(|_| "prompt is not valid UTF-8")?;
-    Ok((flags, u16::from_le_bytes([*lo, *hi]), session, text))
+    Ok(Parsed {
+        flags,
+        max_tokens: u16::from_le_bytes([*lo, *hi]),
+        session,
+        format,
+        text,
+    })
+}
+
+/// A length byte and that many bytes, then the rest; `None` when the payload ends first.
+fn counted(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = b.split_first()?;
+    rest.split_at_checked(*len as usize)
 }
 
 /// The largest char boundary of `s` at or below `i`.
@@ -552,6 +597,15 @@ pub fn finish_byte(f: FinishReason) -> u8 {
         FinishReason::ContextFull => 2,
         FinishReason::Cancelled => 3,
         FinishReason::Timeout => 4,
+    }
+}
+
+/// END's last byte: 0 no format was asked, 1 the answer has its shape, 2 it has not.
+pub fn validity_byte(valid: Option<bool>) -> u8 {
+    match valid {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
     }
 }
 

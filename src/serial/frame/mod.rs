@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// Frame types. The master's have the high bit clear, the appliance's set.
 pub mod kind {
-    /// Master: a prompt (payload: flags, max_tokens, UTF-8 text).
+    /// Master: a prompt (payload: flags, max_tokens, [session], [format], UTF-8 text).
     pub const REQUEST: u8 = 0x01;
     /// Master: an answer frame arrived (payload: its index).
     pub const ACK: u8 = 0x02;
@@ -38,7 +38,7 @@ pub mod kind {
     pub const R_NAK: u8 = 0x82;
     /// Appliance: a piece of the answer (payload: index, UTF-8 text).
     pub const DATA: u8 = 0x83;
-    /// Appliance: the answer ended (payload: index, finish reason, token counts).
+    /// Appliance: the answer ended (payload: index, finish reason, token counts, validity).
     pub const END: u8 = 0x84;
     /// Appliance: the request failed (payload: index, error code, message).
     pub const ERROR: u8 = 0x85;
@@ -78,6 +78,10 @@ pub const FLAG_SESSION: u8 = 0x02;
 pub const FLAG_RESET: u8 = 0x04;
 /// REQUEST flag (with [`FLAG_SESSION`], no prompt): answer the session's conversation.
 pub const FLAG_HISTORY: u8 = 0x08;
+/// REQUEST flag: the name of one of the configuration's answer formats (its length in one
+/// byte, then the name) comes after the session name, or after the header without one; END
+/// then says whether the answer has the format's shape.
+pub const FLAG_FORMAT: u8 = 0x10;
 
 /// Smallest configurable payload: a STATUS reply's fixed part and an ERROR's header fit.
 pub const MIN_PAYLOAD: usize = 64;

@@ -99,14 +99,19 @@ fn step<C: Core>(core: &mut C, env: &mut MemEnv, input: &mut Input, live: &mut O
             core.on_event(Event::Text(Chunk::try_from(t.as_str()).expect("fits")), env);
         }
         3 if live.is_some() => {
-            let reason = match input.u8() % 5 {
+            let b = input.u8();
+            let reason = match b % 5 {
                 0 => FinishReason::Eog,
                 1 => FinishReason::Length,
                 2 => FinishReason::ContextFull,
                 3 => FinishReason::Cancelled,
                 _ => FinishReason::Timeout,
             };
-            core.on_event(Event::Done(Box::new(done(live.take(), reason))), env);
+            // 0 to 4: no format was asked, as in the seeds made before formats.
+            let valid = [None, Some(true), Some(false)][(b / 5 % 3) as usize];
+            let mut d = done(live.take(), reason);
+            d.valid = valid;
+            core.on_event(Event::Done(Box::new(d)), env);
         }
         4 if live.is_some() => {
             *live = None;
@@ -267,10 +272,14 @@ pub fn frame(data: &[u8]) {
         while !rest.is_empty() {
             rest = &rest[dec.feed(rest)..];
             while let Some(d) = dec.pop() {
-                let Decoded::Frame { kind, .. } = d else {
+                let Decoded::Frame { kind, payload, .. } = d else {
                     panic!("wrote {d:?}")
                 };
                 assert!(kind & 0x80 != 0, "the appliance's types only: {kind:#x}");
+                if kind == edgellm::serial::frame::kind::END {
+                    // index, finish, two counts, validity 0/1/2.
+                    assert!(payload.len() == 12 && payload[11] <= 2, "END {payload:?}");
+                }
             }
         }
         assert_eq!(dec.buffered(), 0, "a partial frame was written");

@@ -4,7 +4,7 @@ use super::*;
 use crate::serial::core::Core;
 use crate::serial::frame::*;
 use crate::serial::stats::Count;
-use crate::service::{ErrorCode, Event, FinishReason, Prompt, ServiceError};
+use crate::service::{ErrorCode, Event, FinishReason, Format, Prompt, ServiceError};
 use std::time::Duration;
 
 #[test]
@@ -444,4 +444,139 @@ fn the_session_flag_names_a_session_and_reset_and_history_act_on_it() {
         assert_eq!(error_of(&got[0]).1, 1, "bad_request: {got:?}");
     }
     assert_eq!(e.submitted.len(), 3);
+}
+
+/// A core whose frames hold a 64-byte name and a session name besides.
+fn wide_core() -> FrameCore {
+    FrameCore::new(FrameConfig {
+        max_payload: 256,
+        ..FrameConfig::default()
+    })
+    .unwrap()
+}
+
+/// A REQUEST payload: `flags`, max_tokens 0, the session and format names when given, `text`.
+fn with_names(flags: u8, session: Option<&[u8]>, format: Option<&[u8]>, text: &str) -> Vec<u8> {
+    let mut p = vec![flags, 0, 0];
+    for name in [session, format].into_iter().flatten() {
+        p.push(name.len() as u8);
+        p.extend_from_slice(name);
+    }
+    p.extend_from_slice(text.as_bytes());
+    p
+}
+
+#[test]
+fn the_format_flag_names_a_configured_format_after_the_header_or_the_session() {
+    let (mut c, mut e) = (wide_core(), env());
+    let p = with_names(FLAG_FORMAT, None, Some(b"severity"), "Bearing at 95 C?");
+    c.on_bytes(&frame(1, kind::REQUEST, &p), &mut e);
+    assert_eq!(frames(&mut e), [r_ack(1)]);
+    let r = &e.submitted[0];
+    assert_eq!(r.format, Some(Format::Named("severity".into())));
+    assert!(matches!(&r.prompt, Prompt::Chat(m) if m[0].content == "Bearing at 95 C?"));
+    assert_eq!(r.session, None);
+    c.on_event(done(FinishReason::Eog, 1, 1), &mut e);
+    c.on_bytes(&ack(1, 0), &mut e);
+
+    let name = [b'a'; 64];
+    let p = with_names(
+        FLAG_FORMAT | FLAG_SESSION | FLAG_RAW,
+        Some(b"line-3"),
+        Some(&name),
+        "{",
+    );
+    c.on_bytes(&frame(2, kind::REQUEST, &p), &mut e);
+    assert_eq!(frames(&mut e), [end(1, 0, 0, 1, 1), r_ack(2)]);
+    let r = &e.submitted[1];
+    assert_eq!(r.session.as_ref().unwrap().as_str(), "line-3");
+    assert_eq!(r.format, Some(Format::Named("a".repeat(64))));
+    assert!(matches!(&r.prompt, Prompt::Text { text, .. } if text == "{"));
+
+    // Without the flag, no format: the bytes are the prompt.
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&request(3, "\x08severity"), &mut e);
+    assert_eq!(e.submitted[0].format, None);
+}
+
+#[test]
+fn end_says_whether_the_answer_has_the_formats_shape_in_its_last_byte() {
+    for (valid, finish, byte) in [
+        (true, FinishReason::Eog, 1),
+        (false, FinishReason::Length, 2),
+    ] {
+        let (mut c, mut e) = (core(), env());
+        let p = with_names(FLAG_FORMAT, None, Some(b"alarm"), "Classify");
+        c.on_bytes(&frame(1, kind::REQUEST, &p), &mut e);
+        c.on_event(text("{\"a\""), &mut e);
+        c.on_bytes(&ack(1, 0), &mut e);
+        c.on_event(done_valid(finish, valid), &mut e);
+        let f = frames(&mut e);
+        let mut want = end(1, 1, super::core::finish_byte(finish), 5, 3);
+        *want.2.last_mut().unwrap() = byte;
+        assert_eq!(f.last(), Some(&want), "valid {valid}");
+        // The fields before it are where they always were: 2 + 1 + 4 + 4, then validity.
+        assert_eq!(want.2.len(), 12);
+        // A repeat is answered from the cache with the same validity.
+        c.on_bytes(&ack(1, 1), &mut e);
+        c.on_bytes(&frame(1, kind::REQUEST, &p), &mut e);
+        c.on_bytes(&ack(1, 0), &mut e);
+        assert_eq!(frames(&mut e).last(), Some(&want));
+        assert_eq!(e.submitted.len(), 1);
+    }
+}
+
+#[test]
+fn a_malformed_format_field_is_refused_bad_request_and_never_submitted() {
+    let long = [b'a'; 65];
+    let cases: [(Vec<u8>, &str); 9] = [
+        (vec![FLAG_FORMAT, 0, 0], "missing"),
+        (vec![FLAG_FORMAT, 0, 0, 9, b'a', b'b'], "past the payload"),
+        (with_names(FLAG_FORMAT, None, Some(b""), "hi"), "1 to 64"),
+        (with_names(FLAG_FORMAT, None, Some(&long), "hi"), "1 to 64"),
+        (
+            with_names(FLAG_FORMAT, None, Some(b"al arm"), "hi"),
+            "1 to 64",
+        ),
+        (
+            with_names(FLAG_FORMAT, None, Some(b"a.json"), "hi"),
+            "1 to 64",
+        ),
+        (
+            with_names(FLAG_FORMAT, None, Some(b"\xff\xfe"), "hi"),
+            "1 to 64",
+        ),
+        (
+            with_names(
+                FLAG_FORMAT | FLAG_SESSION | FLAG_RESET,
+                Some(b"s"),
+                Some(b"x"),
+                "",
+            ),
+            "no format",
+        ),
+        (
+            with_names(
+                FLAG_FORMAT | FLAG_SESSION | FLAG_HISTORY,
+                Some(b"s"),
+                Some(b"x"),
+                "",
+            ),
+            "no format",
+        ),
+    ];
+    for (payload, why) in cases {
+        let (mut c, mut e) = (wide_core(), env());
+        c.on_bytes(&frame(1, kind::REQUEST, &payload), &mut e);
+        let f = frames(&mut e);
+        let (index, code, message) = error_of(&f[0]);
+        assert_eq!((f.len(), index, code), (1, REFUSAL_INDEX, 1), "{payload:?}");
+        assert!(message.contains(why), "{message:?} should say {why}");
+        assert!(e.submitted.is_empty());
+        assert_eq!(e.counts, [Count::BadInput]);
+    }
+    // The flag after it is still unknown.
+    let (mut c, mut e) = (core(), env());
+    c.on_bytes(&frame(1, kind::REQUEST, &[0x20, 0, 0, b'h']), &mut e);
+    assert!(error_of(&frames(&mut e)[0]).2.contains("flags"));
 }

@@ -218,7 +218,7 @@ fn the_worked_example_of_the_docs_is_what_the_core_reads_and_writes() {
     c.on_bytes(&hex("A5 02 00 01 02 01 00 4E 44"), &mut e);
     assert_eq!(
         e.out,
-        hex("A5 0B 00 01 84 02 00 00 09 00 00 00 02 00 00 00 75 86")
+        hex("A5 0C 00 01 84 02 00 00 09 00 00 00 02 00 00 00 00 05 D5")
     );
     e.out.clear();
     c.on_bytes(&hex("A5 02 00 01 02 02 00 4E B4"), &mut e);

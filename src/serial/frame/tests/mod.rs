@@ -89,12 +89,22 @@ pub(super) fn done(finish: FinishReason, prompt: usize, completion: usize) -> Ev
     }))
 }
 
+/// [`done`] of an answer asked for with a format, with or without its shape.
+pub(super) fn done_valid(finish: FinishReason, valid: bool) -> Event {
+    let Event::Done(mut d) = done(finish, 5, 3) else {
+        unreachable!()
+    };
+    d.valid = Some(valid);
+    Event::Done(d)
+}
+
 pub(super) fn data(seq: u8, index: u16, s: &str) -> (u8, u8, Vec<u8>) {
     let mut p = index.to_le_bytes().to_vec();
     p.extend_from_slice(s.as_bytes());
     (seq, kind::DATA, p)
 }
 
+/// An END frame of an answer asked for with no format (validity 0).
 pub(super) fn end(
     seq: u8,
     index: u16,
@@ -106,6 +116,7 @@ pub(super) fn end(
     p.push(finish);
     p.extend_from_slice(&prompt.to_le_bytes());
     p.extend_from_slice(&completion.to_le_bytes());
+    p.push(0);
     (seq, kind::END, p)
 }
 
