@@ -174,6 +174,44 @@ fn json_schema_choice_and_regex_answers_have_their_shape() {
     assert!(regex_like_number(&a.text), "{:?}", a.text);
 }
 
+/// Gemma 3's 262k SentencePiece vocabulary: a schema answer has its shape, and forced text the
+/// tokenizer cannot spell back (a literal `▁`, which SentencePiece reads as a space) is fed as
+/// the vocabulary's byte tokens rather than failing the constraint.
+#[test]
+fn gemma_answers_have_their_shape_and_forced_text_keeps_its_bytes() {
+    let model = load(common::GEMMA3);
+    assert!(model.hp.n_vocab > 260_000, "{}", model.hp.n_vocab);
+    let g = Grammars::new(&model, Limits::default()).unwrap();
+    let mut e = engine(&model, 2);
+    let q = chat(
+        &model,
+        "Alarm: spindle bearing temperature 95 C and rising. Classify it.",
+    );
+    let a = answer(
+        &mut e,
+        &g,
+        &Shape::JsonSchema(alarm_schema()),
+        &q,
+        SamplingParams::default(),
+        64,
+        true,
+    );
+    assert_eq!(a.valid, Some(true), "{}", a.text);
+    let v: serde_json::Value = serde_json::from_str(&a.text).unwrap();
+    assert!(v["stop_line"].is_boolean(), "{v}");
+    let a = answer(
+        &mut e,
+        &g,
+        &Shape::Regex("(OK|WARN|FAIL) [0-9]{1,3} ▁x".into()),
+        &q,
+        SamplingParams::default(),
+        32,
+        true,
+    );
+    assert_eq!(a.valid, Some(true), "{:?}", a.text);
+    assert!(a.text.ends_with(" ▁x"), "{:?}", a.text);
+}
+
 /// For 1,000 random (grammar state, token) pairs the lazy check (is this one token allowed?)
 /// says what the full mask says, on a 49k and a 151k vocabulary.
 #[test]

@@ -83,8 +83,12 @@ fn serve_with(dir: &Path, pty: &Path, tcp: u16, env: &[(&str, &str)]) -> Daemon 
         ),
     )
     .unwrap();
-    let m = model();
-    let c = cfg.to_str().unwrap().to_owned();
+    start(&cfg, env)
+}
+
+/// The daemon on configuration file `cfg`, no MQTT, SmolLM2, a context of 512, one thread.
+fn start(cfg: &Path, env: &[(&str, &str)]) -> Daemon {
+    let (m, c) = (model(), cfg.to_str().unwrap().to_owned());
     Daemon::start(
         &[
             "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
@@ -804,13 +808,7 @@ fn serve_formats(dir: &Path, pty: &Path, tcp: u16) -> Daemon {
         ),
     )
     .unwrap();
-    let (m, c) = (model(), cfg.to_str().unwrap().to_owned());
-    Daemon::start(
-        &[
-            "--config", &c, "--model", &m, "--mqtt", "off", "--ctx", "512", "-t", "1",
-        ],
-        &[],
-    )
+    start(&cfg, &[])
 }
 
 const SEVERITY: [&str; 4] = ["low", "medium", "high", "critical"];

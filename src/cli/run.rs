@@ -231,7 +231,9 @@ pub fn run(a: Args) -> CliResult {
             Event::Error(e) => return Err(e.message.into()),
         }
     }
-    service.shutdown(std::time::Duration::ZERO);
+    // The answer has ended: the worker is only leaving it, which a moment's grace lets it do
+    // without a "cancelling" warning.
+    service.shutdown(std::time::Duration::from_secs(1));
     let d = done.ok_or("the service ended without an answer")?;
 
     let t = &d.timings;

@@ -250,8 +250,15 @@ impl TokenizerEnv for Vocab {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
         // The model's own tokenizer, so forced bytes become the tokens the model was trained
-        // on; control-token text stays text.
-        self.model.tokenizer.encode_bytes(s, false, false)
+        // on; control-token text stays text. Where its tokens do not spell the bytes back (a
+        // SentencePiece vocabulary reads a literal `▁` as a space), the vocabulary's bytes
+        // decide, byte tokens included.
+        let ids = self.model.tokenizer.encode_bytes(s, false, false);
+        if self.trie.decode(&ids) == s {
+            ids
+        } else {
+            self.trie.greedy_tokenize(s)
+        }
     }
 }
 
