@@ -558,7 +558,7 @@ fn parse_request(p: &[u8]) -> Result<Parsed<'_>, &'static str> {
         return Err("reset and history take no format");
     }
     if acts != 0 && (session.is_none() || acts == FLAG_RESET | FLAG_HISTORY || !text.is_empty()) {
-        return Err("reset and history need a session name, no prompt, and not both");
+        return Err("reset and history need a session, no prompt, not both");
     }
     // A blank prompt is the service's to refuse, as for every front end.
     let text = std::str::from_utf8(text).map_err(|_| "prompt is not valid UTF-8")?;
