@@ -163,6 +163,7 @@ fn every_board_defaults_to_the_best_scoring_model_that_fits_it() {
             chunk: 64,
             threads: p.threads.unwrap_or(4),
             kv_type: edgellm::kv::KvType::F16,
+            max_batch: 1,
         };
         let mut fits: Vec<(&str, f64, f64)> = models
             .iter()

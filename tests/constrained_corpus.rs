@@ -38,6 +38,7 @@ fn every_answer_marked_valid_validates_with_an_independent_validator() {
             chunk: 64,
             threads: 2,
             kv_type: KvType::F16,
+            max_batch: 1,
         };
         let mut e = Engine::new(Arc::clone(&model), cfg).unwrap();
         let mut model_valid = 0;

@@ -45,6 +45,7 @@ fn engine(model: &Arc<Model>, threads: usize) -> Engine {
         chunk: 64,
         threads,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
 }

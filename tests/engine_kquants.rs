@@ -41,6 +41,7 @@ fn engine(model: &Arc<Model>, threads: usize, kernels: &'static Kernels) -> Engi
         chunk: 16,
         threads,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     Engine::with_kernels(Arc::clone(model), cfg, kernels).unwrap()
 }

@@ -17,6 +17,7 @@ fn logits(model: &Arc<Model>, k: &'static Kernels, threads: usize) -> Vec<f32> {
         chunk: 8,
         threads,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     let mut e = Engine::with_kernels(Arc::clone(model), cfg, k).expect("engine");
     let mut s = e.new_session();

@@ -16,6 +16,7 @@ fn engine(model: &Arc<Model>, threads: usize, chunk: usize) -> Engine {
         chunk,
         threads,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).expect("engine")
 }

@@ -27,6 +27,7 @@ fn engine(model: &Arc<Model>, threads: usize, kv_type: KvType) -> Engine {
         chunk: 64,
         threads,
         kv_type,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
 }

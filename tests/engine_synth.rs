@@ -20,6 +20,7 @@ fn engine(model: &Arc<Model>, threads: usize, chunk: usize, kv_type: KvType) -> 
         chunk,
         threads,
         kv_type,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).expect("engine")
 }
@@ -103,6 +104,7 @@ fn engine_on_reference_kernels_matches_the_golden_forward_pass() {
                 chunk: 8,
                 threads: 2,
                 kv_type,
+                max_batch: 1,
             };
             let k = Kernels::for_path(Path::Reference).unwrap();
             let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();
@@ -142,6 +144,7 @@ fn engine_on_every_kernel_path_stays_close_to_the_golden_pass() {
                 chunk: 8,
                 threads: 2,
                 kv_type: KvType::F16,
+                max_batch: 1,
             };
             let mut e =
                 Engine::with_kernels(Arc::clone(&model), cfg, Kernels::for_path(p).unwrap())
@@ -276,6 +279,7 @@ fn sliding_window_rings_match_the_golden_pass_through_shifts_and_rewinds() {
             chunk: 8,
             threads: 2,
             kv_type: KvType::F16,
+            max_batch: 1,
         };
         let k = Kernels::for_path(Path::Reference).unwrap();
         let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();
@@ -346,6 +350,7 @@ fn every_positions_logits_are_the_bits_feed_returns_after_that_token() {
                 chunk: 8,
                 threads: 2,
                 kv_type: KvType::F16,
+                max_batch: 1,
             };
             let k = Kernels::for_path(p).unwrap();
             let mut e = Engine::with_kernels(Arc::clone(&model), cfg, k).unwrap();

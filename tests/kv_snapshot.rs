@@ -23,6 +23,7 @@ fn engine(model: &Arc<Model>, ty: KvType) -> Engine {
         chunk: 8,
         threads: 1,
         kv_type: ty,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
 }
@@ -371,6 +372,7 @@ fn long_sessions_are_saved_in_bounded_records_and_restore_exactly() {
         chunk: 64,
         threads: 1,
         kv_type: KvType::F32,
+        max_batch: 1,
     };
     let mut e = Engine::new(Arc::clone(&model), cfg.clone()).unwrap();
     let mut s = e.new_session();

@@ -20,6 +20,7 @@ fn engine(model: &Arc<Model>, chunk: usize) -> Engine {
         chunk,
         threads: 1,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     Engine::new(Arc::clone(model), cfg).unwrap()
 }

@@ -63,6 +63,7 @@ fn prompt_chunks_and_decoding_allocate_nothing() {
             chunk: 16,
             threads,
             kv_type: KvType::F16,
+            max_batch: 1,
         };
         let mut e = Engine::new(model, cfg).unwrap();
         let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();

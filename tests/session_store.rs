@@ -29,6 +29,7 @@ fn engine(model: &Arc<Model>) -> Engine {
         chunk: 8,
         threads: 1,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     Engine::with_kernels(Arc::clone(model), cfg, &kernels_neon::dispatch::REFERENCE).unwrap()
 }
@@ -271,6 +272,7 @@ fn engines_of_other_contexts_keep_their_own_system_prompt_files() {
         chunk: 8,
         threads: 1,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     let mut big =
         Engine::with_kernels(Arc::clone(&m), cfg, &kernels_neon::dispatch::REFERENCE).unwrap();

@@ -72,6 +72,7 @@ pub fn replay(e: &Entry, model: Arc<Model>, threads: usize) -> Result<Replayed, 
         chunk: e.engine.chunk,
         threads,
         kv_type: e.engine.kv_type,
+        max_batch: 1,
     };
     let mut engine = Engine::new(Arc::clone(&model), cfg)
         .map_err(|err| AuditError::Bad(format!("entry {}: {err}", e.seq)))?;

@@ -81,6 +81,7 @@ fn write(log: &mut AuditLog, n: usize) {
         chunk: 64,
         threads: 2,
         kv_type: KvType::F16,
+        max_batch: 1,
     };
     for i in 0..n {
         let (req, ev) = answer(&format!("r{i}"), &format!("answer {i}"));

@@ -72,6 +72,12 @@ pub struct Args {
     /// the cost of finding each token the format forces.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["restore", "profile", "svg", "bandwidth"])]
     grammar: Option<PathBuf>,
+    /// Instead of pp/tg: decode several sessions in one step, for each of these batch sizes
+    /// (comma-separated, up to 16): aggregate tokens/s of -n tokens a session, against batch 1
+    /// and against the ceiling min(batch × tg at batch 1, pp of -p tokens at the same threads).
+    #[arg(long, value_name = "LIST", value_delimiter = ',',
+          conflicts_with_all = ["restore", "profile", "svg", "bandwidth", "grammar"])]
+    batch: Vec<usize>,
 }
 
 /// What was measured at one thread count.
@@ -143,6 +149,26 @@ pub fn run(a: Args) -> CliResult {
             model,
             file,
             configs,
+            n_gen: a.n_gen,
+            reps: a.repetitions,
+            json: a.json,
+        })?);
+    }
+    if !a.batch.is_empty() {
+        let ctx = super::bench_batch::SESSION_PROMPT + a.n_gen.max(a.n_prompt) + 1;
+        let configs = threads_list
+            .iter()
+            .map(|&t| EngineConfig {
+                n_ctx: a.model.ctx.min(MAX_CTX).max(ctx.min(MAX_CTX)),
+                ..a.model.engine_config(t)
+            })
+            .collect();
+        return Ok(super::bench_batch::run(super::bench_batch::Opts {
+            model_path: a.model.path(),
+            model,
+            configs,
+            batches: &a.batch,
+            n_prompt: a.n_prompt,
             n_gen: a.n_gen,
             reps: a.repetitions,
             json: a.json,

@@ -48,6 +48,7 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
         chunk: o.chunk,
         threads: o.threads,
         kv_type: o.kv_type,
+        max_batch: 1,
     };
     let mut e = Engine::new(Arc::clone(&o.model), cfg).map_err(|e| e.to_string())?;
     let dir = scratch_dir(o.dir)?;

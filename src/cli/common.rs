@@ -177,6 +177,7 @@ impl<T: clap::Args, M: clap::Args + ModelPath> ModelArgs<T, M> {
             chunk: self.chunk,
             threads,
             kv_type: self.kv_type,
+            max_batch: 1,
         }
     }
 }

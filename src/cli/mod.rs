@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod ask;
 mod audit;
 mod bench;
+mod bench_batch;
 mod bench_bw;
 mod bench_grammar;
 mod bench_restore;

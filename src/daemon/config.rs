@@ -366,6 +366,7 @@ impl Config {
                 .or_else(|| self.board().and_then(|b| b.threads))
                 .unwrap_or_else(default_threads),
             kv_type: self.model.kv_type,
+            max_batch: 1,
         }
     }
 

@@ -11,7 +11,7 @@ pub use sampler::{Sampler, SamplingError, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
 use crate::model::Model;
-use crate::model::forward::{Arena, forward, logits_rows};
+use crate::model::forward::{Arena, Seqs, forward, logits_rows};
 use crate::runtime::pool::{self, Pool};
 use crate::runtime::profile::{Op, Profile};
 use kernels_neon::{KernelError, Kernels};
@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub chunk: usize,
     pub threads: usize,
     pub kv_type: KvType,
+    /// Most sessions one decoding step runs over ([`Engine::decode`]); 1: one at a time.
+    pub max_batch: usize,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +56,7 @@ impl Default for EngineConfig {
             chunk: 64,
             threads: default_threads(),
             kv_type: KvType::F16,
+            max_batch: 1,
         }
     }
 }
@@ -89,6 +92,8 @@ fn big_cores(sys_cpu: &std::path::Path) -> Option<usize> {
 pub const MAX_CTX: usize = 1 << 17;
 /// Largest prompt chunk.
 pub const MAX_CHUNK: usize = 512;
+/// Most sessions in one decoding step (their caches are listed on the stack).
+pub const MAX_BATCH: usize = 16;
 
 /// A conversation's state: its KV cache and the tokens whose keys and values it holds.
 pub struct Session {
@@ -140,7 +145,8 @@ impl Footprint {
         Some(Footprint {
             weights: model.gguf().file_size(),
             kv_per_session: kv,
-            arena: Arena::bytes_for(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads) as u64,
+            arena: Arena::bytes_for(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads, cfg.max_batch)
+                as u64,
         })
     }
 }
@@ -220,9 +226,16 @@ impl Engine {
                 pool::MAX_THREADS
             )));
         }
+        if cfg.max_batch == 0 || cfg.max_batch > MAX_BATCH.min(cfg.chunk) {
+            return Err(EngineError::Config(format!(
+                "batch {} must be in 1..={} (at most {MAX_BATCH}, and at most the chunk)",
+                cfg.max_batch,
+                MAX_BATCH.min(cfg.chunk)
+            )));
+        }
         model.pack_for(kernels, cfg.threads);
         let pool = Pool::pinned(cfg.threads, cpus)?;
-        let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads);
+        let arena = Arena::new(&model.hp, cfg.chunk, cfg.n_ctx, cfg.threads, cfg.max_batch);
         Ok(Engine {
             model,
             kernels,
@@ -333,17 +346,82 @@ impl Engine {
     /// `logits`: compute the last position's logits into the arena.
     fn forward_chunk(&mut self, s: &mut Session, chunk: &[u32], logits: bool) {
         let pos0 = s.tokens.len();
+        let seqs = Seqs::One {
+            kv: &mut s.kv,
+            pos0,
+        };
         forward(
             self.kernels,
             &self.pool,
             &self.model,
             &mut self.arena,
-            &mut s.kv,
+            seqs,
             chunk,
-            pos0,
             logits,
         );
         s.tokens.extend_from_slice(chunk);
+    }
+
+    /// Appends `tokens[i]` to `sessions[i]`, all in one forward pass, and returns the logits
+    /// after each, `[sessions.len()][n_vocab]`: one step of decoding several sessions, which
+    /// streams the weights once for all of them. A session's logits have the bits
+    /// [`Engine::feed`] of its token alone gives, whatever the sessions beside it (the batch
+    /// tests hold it to that). At most [`EngineConfig::max_batch`] sessions. Allocates nothing.
+    pub fn decode(
+        &mut self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<&mut [f32], EngineError> {
+        let b = sessions.len();
+        if b == 0 || b != tokens.len() {
+            return Err(EngineError::Config(format!(
+                "a step needs one token a session, got {} tokens for {b} sessions",
+                tokens.len()
+            )));
+        }
+        if b > self.cfg.max_batch {
+            return Err(EngineError::Config(format!(
+                "{b} sessions in one step, the engine was sized for {}",
+                self.cfg.max_batch
+            )));
+        }
+        for (s, t) in sessions.iter().zip(tokens) {
+            self.check_feed(s, std::slice::from_ref(t))?;
+            if s.kv.n_ctx() > self.cfg.n_ctx {
+                return Err(EngineError::Config(format!(
+                    "a session of {} positions in an engine of {}",
+                    s.kv.n_ctx(),
+                    self.cfg.n_ctx
+                )));
+            }
+        }
+        if b == 1 {
+            return self.feed(sessions[0], tokens);
+        }
+        let t0 = self.arena.prof.start();
+        let mut pos: heapless::Vec<usize, MAX_BATCH> = heapless::Vec::new();
+        let mut kvs: heapless::Vec<&mut KvCache, MAX_BATCH> = heapless::Vec::new();
+        for s in sessions.iter_mut() {
+            // Within MAX_BATCH: checked above.
+            let _ = pos.push(s.tokens.len());
+            let _ = kvs.push(&mut s.kv);
+        }
+        let seqs = Seqs::Each {
+            kvs: &mut kvs,
+            pos: &pos,
+        };
+        let (k, pool, model) = (self.kernels, &self.pool, &*self.model);
+        forward(k, pool, model, &mut self.arena, seqs, tokens, false);
+        drop(kvs);
+        let out = b * model.hp.n_vocab;
+        let mut room = std::mem::take(&mut self.arena.batch_logits);
+        logits_rows(k, pool, model, &mut self.arena, 0..b, &mut room[..out]);
+        self.arena.batch_logits = room;
+        for (s, &t) in sessions.iter_mut().zip(tokens) {
+            s.tokens.push(t);
+        }
+        self.count_fed(t0, b);
+        Ok(&mut self.arena.batch_logits[..out])
     }
 
     /// Adds a feed of `n` tokens begun at `t0` to the profile (when profiling is on).

@@ -19,6 +19,11 @@
 //! Every row and every head is computed whole by one thread, so logits do not depend on the
 //! thread count. Nothing here allocates.
 //!
+//! The T tokens are a chunk of one sequence (a prompt), or one token of each of T sequences
+//! (decoding several sessions in one step, [`Seqs`]): the weight products run over the T
+//! tokens either way, and a (row, token) result of a product does not depend on the tokens
+//! beside it, so a session's logits have the same bits alone or in any batch.
+//!
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
 use super::matrix::{
@@ -68,6 +73,8 @@ pub struct Arena {
     rope_local: Vec<f32>,
     /// `[n_vocab]` logits of the last token of the last chunk.
     pub logits: Vec<f32>,
+    /// `[batch][n_vocab]` logits of a step over several sessions (empty for a batch of 1).
+    pub batch_logits: Vec<f32>,
     /// `[Op]` per-op times (a fixed table: turning it on allocates nothing).
     pub prof: Profile,
 }
@@ -89,8 +96,9 @@ fn rope_rows(hp: &HParams, base: f32, pos0: usize, out: &mut [f32]) {
 }
 
 impl Arena {
-    /// Allocates everything a chunk of `chunk` tokens at up to `n_ctx` positions needs.
-    pub fn new(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize) -> Arena {
+    /// Allocates everything a chunk of `chunk` tokens at up to `n_ctx` positions needs, and
+    /// the logits of a step over `batch` sessions (`batch` ≤ `chunk`).
+    pub fn new(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize, batch: usize) -> Arena {
         let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
         let widest = d.max(qd).max(ff);
         // `tmp` also takes one token's fused q|k|v or gate|up product when decoding.
@@ -114,13 +122,20 @@ impl Arena {
                 None => Vec::new(),
             },
             logits: vec![0.0; hp.n_vocab],
+            batch_logits: vec![0.0; batch_logits(hp, batch)],
             prof: Profile::default(),
         }
     }
 
     /// Bytes [`Arena::new`] would allocate for these sizes, without allocating them (the
     /// daemon checks them against the board's memory budget before it loads anything).
-    pub fn bytes_for(hp: &HParams, chunk: usize, n_ctx: usize, n_threads: usize) -> usize {
+    pub fn bytes_for(
+        hp: &HParams,
+        chunk: usize,
+        n_ctx: usize,
+        n_threads: usize,
+        batch: usize,
+    ) -> usize {
         let (d, qd, kvd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.n_ff);
         let widest = d.max(qd).max(ff);
         let tmp = (chunk * widest).max(qd + 2 * kvd).max(2 * ff);
@@ -128,7 +143,8 @@ impl Arena {
             + tmp
             + n_threads.max(1) * hp.group() * n_ctx
             + chunk * hp.n_rot * (1 + usize::from(hp.sliding_window.is_some()))
-            + hp.n_vocab;
+            + hp.n_vocab
+            + batch_logits(hp, batch);
         4 * floats + ActScratch::bytes_for(chunk, widest)
     }
 
@@ -146,8 +162,69 @@ impl Arena {
             + self.scores.len()
             + self.rope.len()
             + self.rope_local.len()
-            + self.logits.len())
+            + self.logits.len()
+            + self.batch_logits.len())
             + self.acts.bytes()
+    }
+}
+
+/// Floats of [`Arena::batch_logits`]: none for a batch of one, whose logits are the last
+/// token's.
+fn batch_logits(hp: &HParams, batch: usize) -> usize {
+    if batch > 1 { batch * hp.n_vocab } else { 0 }
+}
+
+/// The sequences a forward pass's tokens belong to, and their positions.
+pub enum Seqs<'a, 'k> {
+    /// A chunk of one sequence: token `t` at position `pos0 + t` of `kv`.
+    One { kv: &'a mut KvCache, pos0: usize },
+    /// One token of each of several sequences: token `t` at position `pos[t]` of `kvs[t]`.
+    Each {
+        kvs: &'a mut [&'k mut KvCache],
+        pos: &'a [usize],
+    },
+}
+
+impl Seqs<'_, '_> {
+    /// The position of token `t`.
+    fn pos(&self, t: usize) -> usize {
+        match self {
+            Seqs::One { pos0, .. } => pos0 + t,
+            Seqs::Each { pos, .. } => pos[t],
+        }
+    }
+    /// The cache token `t` goes into and attends over.
+    fn kv(&self, t: usize) -> &KvCache {
+        match self {
+            Seqs::One { kv, .. } => kv,
+            Seqs::Each { kvs, .. } => kvs[t],
+        }
+    }
+    fn kv_mut(&mut self, t: usize) -> &mut KvCache {
+        match self {
+            Seqs::One { kv, .. } => kv,
+            Seqs::Each { kvs, .. } => kvs[t],
+        }
+    }
+    /// Makes room in every cache for the `n` tokens' positions (see [`KvCache::make_room`]).
+    fn make_room(&mut self, n: usize) {
+        match self {
+            Seqs::One { kv, pos0 } => kv.make_room(*pos0, n),
+            Seqs::Each { kvs, pos } => {
+                for (kv, &p) in kvs.iter_mut().zip(pos.iter()) {
+                    kv.make_room(p, 1);
+                }
+            }
+        }
+    }
+    /// Whether the tokens' positions fit their caches.
+    fn fit(&self, n: usize) -> bool {
+        match self {
+            Seqs::One { kv, pos0 } => pos0 + n <= kv.n_ctx(),
+            Seqs::Each { kvs, pos } => {
+                kvs.len() == n && pos.len() == n && (0..n).all(|t| pos[t] < kvs[t].n_ctx())
+            }
+        }
     }
 }
 
@@ -161,9 +238,9 @@ fn need(ms: &[&Mat<'_>]) -> ActNeed {
 /// saves (measured on Zen 4 with `--profile`, tg64: 2 KB best of 1-8 KB).
 const KV_PREFETCH_BYTES: usize = 2 << 10;
 
-/// Runs the layers over `tokens` at positions `pos0..`; writes the K/V rows into `kv` and, if
-/// `want_logits`, the last token's logits into `arena.logits`. The caller checks that the
-/// tokens are in the vocabulary and fit in the chunk and the context.
+/// Runs the layers over `tokens` at the positions `seqs` gives them; writes their K/V rows into
+/// their caches and, if `want_logits`, the last token's logits into `arena.logits`. The caller
+/// checks that the tokens are in the vocabulary and fit in the chunk and the context.
 ///
 /// Each step is one op of the profile: `prof.timed(op, || step)`.
 #[allow(clippy::too_many_arguments)] // the forward pass's inputs: no struct would be clearer
@@ -172,16 +249,15 @@ pub fn forward(
     pool: &Pool,
     model: &Model,
     ar: &mut Arena,
-    kv: &mut KvCache,
+    mut seqs: Seqs<'_, '_>,
     tokens: &[u32],
-    pos0: usize,
     want_logits: bool,
 ) {
     let hp = &model.hp;
     let n = tokens.len();
-    debug_assert!(n > 0 && n <= ar.chunk && pos0 + n <= kv.n_ctx());
-    // The sliding-window layers' rings take positions pos0..pos0 + n.
-    kv.make_room(pos0, n);
+    debug_assert!(n > 0 && n <= ar.chunk && seqs.fit(n));
+    // The sliding-window layers' rings take the tokens' positions.
+    seqs.make_room(n);
     let (d, qd, kvd, hd, ff) = (hp.n_embd, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.n_ff);
     let (nd, nqd, nff) = (n * d, n * qd, n * ff);
     let eps = hp.rms_eps;
@@ -211,7 +287,7 @@ pub fn forward(
     for l in 0..hp.n_layer {
         let lw = model.layer_in(l, pk);
         if n == 1 {
-            kv.prefetch(l, pos0, KV_PREFETCH_BYTES);
+            seqs.kv(0).prefetch(l, seqs.pos(0), KV_PREFETCH_BYTES);
         }
 
         // xn = rmsnorm(x) · attn_norm
@@ -274,10 +350,24 @@ pub fn forward(
         prof.timed(Op::Rope, || {
             let n_rot = hp.n_rot;
             if l == 0 {
-                // The rotations of this chunk's positions, for both bases, once a pass.
-                rope_rows(hp, hp.rope_freq_base, pos0, &mut ar.rope[..n * n_rot]);
-                if let Some(w) = hp.sliding_window {
-                    rope_rows(hp, w.rope_freq_base, pos0, &mut ar.rope_local[..n * n_rot]);
+                // The rotations of this pass's positions, for both bases, once a pass (a
+                // position's rotation depends on the position only).
+                let bases = [
+                    Some(hp.rope_freq_base),
+                    hp.sliding_window.map(|w| w.rope_freq_base),
+                ];
+                for (base, table) in bases.into_iter().zip([&mut ar.rope, &mut ar.rope_local]) {
+                    let Some(base) = base else { continue };
+                    match &seqs {
+                        Seqs::One { pos0, .. } => {
+                            rope_rows(hp, base, *pos0, &mut table[..n * n_rot])
+                        }
+                        Seqs::Each { pos, .. } => {
+                            for (&p, row) in pos.iter().zip(table.chunks_exact_mut(n_rot)) {
+                                rope_rows(hp, base, p, row);
+                            }
+                        }
+                    }
                 }
             }
             let table = if hp.slides(l) {
@@ -291,18 +381,19 @@ pub fn forward(
                 rope(&mut ar.k[t * kvd..(t + 1) * kvd], hd, cs);
             }
         });
-        // cache[l][pos0 + t] = k[t], v[t]: a loop of its own (rather than fused with rope) so
+        // cache[l][pos(t)] = k[t], v[t]: a loop of its own (rather than fused with rope) so
         // that its time is measured apart.
         prof.timed(Op::KvStore, || {
             for t in 0..n {
                 let (kt, vt) = (&ar.k[t * kvd..(t + 1) * kvd], &ar.v[t * kvd..(t + 1) * kvd]);
-                kv.store(k, l, pos0 + t, kt, vt);
+                let p = seqs.pos(t);
+                seqs.kv_mut(t).store(k, l, p, kt, vt);
             }
         });
         // att[t][h] = softmax(q[t][h]·K[first..=pos]ᵀ / √hd) · V
         prof.timed(Op::Attention, || {
             let (q, att) = (&ar.q[..nqd], &mut ar.att[..nqd]);
-            attention(k, pool, hp, kv, l, q, pos0, att, &mut ar.scores);
+            attention(k, pool, hp, &seqs, l, q, att, &mut ar.scores);
         });
         // x += att·Wo
         let a = prof.timed(Op::Quantize, || {
@@ -492,18 +583,17 @@ fn mat_into(
     }
 }
 
-/// Causal grouped-query attention of `q` (`[T][qd]`, positions `pos0..`) over the cache of
-/// layer `l`. Work items are (token, KV head) pairs, each computed whole by one thread: the
-/// query heads sharing a KV head go through its keys and values together.
+/// Causal grouped-query attention of `q` (`[T][qd]`) over layer `l` of each token's cache, up
+/// to its position. Work items are (token, KV head) pairs, each computed whole by one thread:
+/// the query heads sharing a KV head go through its keys and values together.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     k: &Kernels,
     pool: &Pool,
     hp: &HParams,
-    kv: &KvCache,
+    seqs: &Seqs<'_, '_>,
     l: usize,
     q: &[f32],
-    pos0: usize,
     att: &mut [f32],
     scores: &mut [f32],
 ) {
@@ -511,12 +601,15 @@ fn attention(
     let n_kv = hp.n_head_kv;
     let group = hp.group();
     let scale = 1.0 / (hd as f32).sqrt();
-    let per_thread = group * kv.n_ctx();
+    // Each thread's scores hold a row of positions per query head; the arena sized them for
+    // the engine's context, which no cache exceeds.
+    let per_thread = scores.len() / pool.n_threads();
     pool.run_split_scratch(att, group * hd, scores, per_thread, &|_, items, out, sc| {
         for (i, item) in items.enumerate() {
             let (t, g) = (item / n_kv, item % n_kv);
-            let first = hp.first_visible(l, pos0 + t);
-            let n_pos = pos0 + t + 1 - first;
+            let (kv, pos) = (seqs.kv(t), seqs.pos(t));
+            let first = hp.first_visible(l, pos);
+            let n_pos = pos + 1 - first;
             let qg = &q[(t * n_kv + g) * group * hd..(t * n_kv + g + 1) * group * hd];
             let s = &mut sc[..group * n_pos];
             kv.scores(k, l, g, first, qg, scale, s);
@@ -553,8 +646,8 @@ mod tests {
             let hp = synth_model(&spec).hp;
             for (chunk, ctx, threads) in [(1, 1, 1), (64, 2048, 4), (7, 300, 3), (512, 33, 64)] {
                 assert_eq!(
-                    Arena::bytes_for(&hp, chunk, ctx, threads),
-                    Arena::new(&hp, chunk, ctx, threads).bytes(),
+                    Arena::bytes_for(&hp, chunk, ctx, threads, chunk.min(4)),
+                    Arena::new(&hp, chunk, ctx, threads, chunk.min(4)).bytes(),
                     "chunk {chunk}, ctx {ctx}, threads {threads}"
                 );
             }
