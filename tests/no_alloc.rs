@@ -51,7 +51,10 @@ fn count<R>(f: impl FnOnce() -> R) -> (R, usize) {
 // fail on a busy machine. Here only the engine's threads run while counting.
 fn main() {
     prompt_chunks_and_decoding_allocate_nothing();
-    println!("no_alloc: prompt chunks, decoding and generate allocate nothing (1 and 2 threads)");
+    println!(
+        "no_alloc: prompt chunks, decoding (one session and several in a step) and generate \
+         allocate nothing (1 and 2 threads)"
+    );
 }
 
 fn prompt_chunks_and_decoding_allocate_nothing() {
@@ -63,7 +66,7 @@ fn prompt_chunks_and_decoding_allocate_nothing() {
             chunk: 16,
             threads,
             kv_type: KvType::F16,
-            max_batch: 1,
+            max_batch: 4,
         };
         let mut e = Engine::new(model, cfg).unwrap();
         let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();
@@ -90,6 +93,25 @@ fn prompt_chunks_and_decoding_allocate_nothing() {
             n, 0,
             "{threads} threads: decoding 30 tokens allocated {n} times"
         );
+
+        // Steps over several sessions: their logits and the list of their caches are sized
+        // at load (the list on the stack).
+        let mut batch: Vec<_> = (0..4).map(|_| e.new_session()).collect();
+        for (i, b) in batch.iter_mut().enumerate() {
+            e.feed(b, &prompt[..5 + 3 * i]).unwrap();
+        }
+        let mut refs: Vec<_> = batch.iter_mut().collect();
+        let (_, n) = count(|| {
+            for t in 0..30u32 {
+                e.decode(&mut refs, &[t + 3, t + 4, t + 5, t + 6]).unwrap();
+                e.decode(&mut refs[1..3], &[t + 7, t + 8]).unwrap();
+            }
+        });
+        assert_eq!(
+            n, 0,
+            "{threads} threads: 30 steps over 4 and 2 sessions allocated {n} times"
+        );
+        drop(refs);
 
         // Profiling on: its table is preallocated, so still nothing.
         e.set_profiling(true);

@@ -97,6 +97,8 @@ impl Engine {
     /// reused (at least the last prompt token is recomputed, to get its logits), unless the
     /// sliding-window rings no longer hold that prefix's window ([`Session::truncate`]). `on_token`
     /// sees each generated id and returns `false` to stop. The decode loop allocates nothing.
+    ///
+    /// The loop is [`Generation`]'s steps, run to the end on this session alone.
     pub fn generate(
         &mut self,
         s: &mut Session,
@@ -106,6 +108,63 @@ impl Engine {
         is_eog: &dyn Fn(u32) -> bool,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<GenOutput, EngineError> {
+        let mut g = Generation::begin(s, prompt, params, sampler, on_token)?;
+        while !g.is_finished() {
+            if g.feed_one_by_one() {
+                for &t in g.pending() {
+                    self.feed(s, &[t])?;
+                }
+            } else {
+                self.feed(s, g.pending())?;
+            }
+            let (logits, prof) = (&mut self.arena.logits, &mut self.arena.prof);
+            g.advance(logits, prof, s, sampler, is_eog, on_token)?;
+        }
+        Ok(g.finish(sampler))
+    }
+}
+
+/// One answer being generated, a step at a time: feed [`Generation::pending`] to the session,
+/// then [`Generation::advance`] with the logits after it, until [`Generation::is_finished`].
+/// [`Engine::generate`] runs these steps for one session; a scheduler that decodes several
+/// sessions in one forward pass ([`Engine::decode`]) advances each of its answers the same way,
+/// so an answer has the same tokens whoever it is computed beside.
+pub struct Generation {
+    max_tokens: usize,
+    top_k: usize,
+    generated: Vec<u32>,
+    /// What to feed before the next logits: the rest of the prompt (and what a constraint
+    /// forces before the model says anything), then the token sampled last and the tokens a
+    /// constraint forced after it. Empty once finished.
+    pending: Vec<u32>,
+    /// Feed `pending` a token at a time (a constraint asked for it) rather than as a chunk.
+    one_by_one: bool,
+    finish: FinishReason,
+    /// No more steps: `finish` says why.
+    finished: bool,
+    /// A constraint is complete before the prompt is even fed.
+    complete_at_start: bool,
+    /// The logits after the prompt have been seen.
+    prompt_done: bool,
+    start: Instant,
+    decode_start: Option<Instant>,
+    /// Tokens out before the first sampled one (forced with the prompt), plus one.
+    before_decode: usize,
+    top_logits: Vec<(u32, f32)>,
+    timings: Timings,
+}
+
+impl Generation {
+    /// Checks the prompt, rewinds the session to the prefix it shares with `prompt`, and takes
+    /// what a constraint forces before the model has said anything (`{"severity": ` of a
+    /// schema's first key: answer tokens, but no step each): they go in with the prompt.
+    pub fn begin(
+        s: &mut Session,
+        prompt: &[u32],
+        params: &GenParams,
+        sampler: &mut Sampler,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generation, EngineError> {
         let start = Instant::now();
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -123,144 +182,182 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count();
         let reuse = s.truncate(common.min(prompt.len() - 1));
-        let mut generated = Vec::with_capacity(params.max_tokens.min(s.kv.n_ctx()));
-        let mut timings = Timings {
-            restored_tokens: reuse,
-            prompt_tokens: prompt.len() - reuse,
-            ..Default::default()
+        let mut g = Generation {
+            max_tokens: params.max_tokens,
+            top_k: params.top_logits,
+            generated: Vec::with_capacity(params.max_tokens.min(s.kv.n_ctx())),
+            // The prompt's rest now; later the sampled token and what a constraint forces.
+            pending: Vec::with_capacity(if sampler.constraint().is_some() {
+                s.kv.n_ctx()
+            } else {
+                prompt.len() - reuse
+            }),
+            one_by_one: false,
+            finish: FinishReason::Length,
+            finished: false,
+            complete_at_start: false,
+            prompt_done: false,
+            start,
+            decode_start: None,
+            before_decode: 1,
+            top_logits: Vec::new(),
+            timings: Timings {
+                restored_tokens: reuse,
+                prompt_tokens: prompt.len() - reuse,
+                ..Default::default()
+            },
         };
-
-        // What a constraint forces before the model has said anything (`{"severity": ` of a
-        // schema's first key) goes in with the prompt: answer tokens, but no step each.
-        let mut finish = FinishReason::Length;
-        let mut decode_start = None;
-        let mut fed: Vec<u32> = Vec::new();
-        let mut complete = false;
+        g.pending.extend_from_slice(&prompt[reuse..]);
         if let Some(c) = sampler.constraint_mut() {
             let room = params
                 .max_tokens
                 .min(s.kv.n_ctx().saturating_sub(prompt.len() + 1));
             let forced = c.forced(room).map_err(EngineError::Constraint)?;
-            complete = c.is_complete();
-            if !forced.is_empty() {
-                for &f in &forced {
-                    generated.push(f);
-                    if !on_token(f) {
-                        finish = FinishReason::Cancelled;
-                        complete = true;
-                        break;
-                    }
+            g.complete_at_start = c.is_complete();
+            for &f in &forced {
+                g.generated.push(f);
+                if !on_token(f) {
+                    g.finish = FinishReason::Cancelled;
+                    g.complete_at_start = true;
+                    break;
                 }
-                fed = [&prompt[reuse..], &forced[..]].concat();
             }
+            g.pending.extend_from_slice(&forced);
         }
-        let logits = if fed.is_empty() {
-            self.feed(s, &prompt[reuse..])?
-        } else {
-            self.feed(s, &fed)?
-        };
-        timings.prompt_ms = ms(start);
-        // Tokens out before the first sampled one (forced with the prompt): not decode steps.
-        let before_decode = generated.len() + 1;
-        if !generated.is_empty() {
-            timings.ttft_ms = timings.prompt_ms;
-        }
-        let top_logits = if params.top_logits > 0 {
-            top_k_logits(logits, params.top_logits)
-        } else {
-            Vec::new()
-        };
-        if complete && finish != FinishReason::Cancelled {
-            finish = FinishReason::Eog;
-        }
+        Ok(g)
+    }
 
-        // The token sampled last and the tokens a constraint forced after it: one chunk.
-        let mut chunk: Vec<u32> = Vec::with_capacity(if sampler.constraint().is_some() {
-            params.max_tokens.min(s.kv.n_ctx())
-        } else {
-            1
-        });
-        'decode: while !complete && generated.len() < params.max_tokens {
-            let t0 = self.arena.prof.start();
-            let logits = &mut self.arena.logits;
-            let tok = sampler
-                .next(logits, s.tokens())
-                .map_err(EngineError::Constraint)?;
-            if let Some(t0) = t0 {
-                let ns = t0.elapsed().as_nanos() as u64;
-                self.arena.prof.record_outside(super::Op::Sample, ns);
+    /// The tokens to feed to the session before the next [`Generation::advance`].
+    pub fn pending(&self) -> &[u32] {
+        &self.pending
+    }
+
+    /// Whether [`Generation::pending`] goes in a token at a time rather than as one chunk.
+    pub fn feed_one_by_one(&self) -> bool {
+        self.one_by_one
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Takes the step after `pending` was fed: `logits` are those after its last token,
+    /// `s` the session holding it. Samples the next token (and takes what a constraint forces
+    /// after it), or ends the answer. `prof` gets the sampling time when it is on.
+    pub fn advance(
+        &mut self,
+        logits: &mut [f32],
+        prof: &mut crate::runtime::Profile,
+        s: &Session,
+        sampler: &mut Sampler,
+        is_eog: &dyn Fn(u32) -> bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<(), EngineError> {
+        debug_assert!(!self.finished, "a finished answer takes no step");
+        self.pending.clear();
+        if !self.prompt_done {
+            self.prompt_done = true;
+            self.timings.prompt_ms = ms(self.start);
+            self.before_decode = self.generated.len() + 1;
+            if !self.generated.is_empty() {
+                self.timings.ttft_ms = self.timings.prompt_ms;
             }
-            generated.push(tok);
-            if decode_start.is_none() {
-                if generated.len() == 1 {
-                    timings.ttft_ms = ms(start);
+            if self.top_k > 0 {
+                self.top_logits = top_k_logits(logits, self.top_k);
+            }
+            if self.complete_at_start {
+                if self.finish != FinishReason::Cancelled {
+                    self.finish = FinishReason::Eog;
                 }
-                decode_start = Some(Instant::now());
+                return Ok(self.end());
             }
-            let go_on = on_token(tok);
-            if is_eog(tok) {
-                finish = FinishReason::Eog;
-                break;
-            }
-            if !go_on {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            chunk.clear();
-            chunk.push(tok);
-            if let Some(c) = sampler.constraint_mut() {
-                if c.is_complete() {
-                    // The grammar can take nothing more: the answer is whole.
-                    finish = FinishReason::Eog;
-                    break;
-                }
-                let room = (params.max_tokens - generated.len())
-                    .min(s.kv.n_ctx().saturating_sub(s.tokens().len() + 1));
-                let forced = c.forced(room).map_err(EngineError::Constraint)?;
-                let one_by_one = !c.forced_in_chunks;
-                for f in forced {
-                    generated.push(f);
-                    if !on_token(f) {
-                        finish = FinishReason::Cancelled;
-                        break 'decode;
-                    }
-                    if one_by_one {
-                        self.feed(s, &chunk)?;
-                        chunk.clear();
-                    }
-                    chunk.push(f);
-                }
-                if sampler.constraint().is_some_and(|c| c.is_complete()) {
-                    finish = FinishReason::Eog;
-                    break;
-                }
-            }
-            if generated.len() >= params.max_tokens {
-                break;
-            }
-            if s.tokens().len() + chunk.len() > s.kv.n_ctx() {
-                finish = FinishReason::ContextFull;
-                break;
-            }
-            self.feed(s, &chunk)?;
         }
-        if let Some(t0) = decode_start {
+        if self.generated.len() >= self.max_tokens {
+            return Ok(self.end());
+        }
+        let t0 = prof.start();
+        let tok = sampler
+            .next(logits, s.tokens())
+            .map_err(EngineError::Constraint)?;
+        if let Some(t0) = t0 {
+            prof.record_outside(super::Op::Sample, t0.elapsed().as_nanos() as u64);
+        }
+        self.generated.push(tok);
+        if self.decode_start.is_none() {
+            if self.generated.len() == 1 {
+                self.timings.ttft_ms = ms(self.start);
+            }
+            self.decode_start = Some(Instant::now());
+        }
+        let go_on = on_token(tok);
+        if is_eog(tok) {
+            self.finish = FinishReason::Eog;
+            return Ok(self.end());
+        }
+        if !go_on {
+            self.finish = FinishReason::Cancelled;
+            return Ok(self.end());
+        }
+        self.pending.push(tok);
+        if let Some(c) = sampler.constraint_mut() {
+            if c.is_complete() {
+                // The grammar can take nothing more: the answer is whole.
+                self.finish = FinishReason::Eog;
+                return Ok(self.end());
+            }
+            let room = (self.max_tokens - self.generated.len())
+                .min(s.kv.n_ctx().saturating_sub(s.tokens().len() + 1));
+            let forced = c.forced(room).map_err(EngineError::Constraint)?;
+            self.one_by_one = !c.forced_in_chunks;
+            for f in forced {
+                self.generated.push(f);
+                if !on_token(f) {
+                    self.finish = FinishReason::Cancelled;
+                    return Ok(self.end());
+                }
+                self.pending.push(f);
+            }
+            if c.is_complete() {
+                self.finish = FinishReason::Eog;
+                return Ok(self.end());
+            }
+        }
+        if self.generated.len() >= self.max_tokens {
+            return Ok(self.end());
+        }
+        if s.tokens().len() + self.pending.len() > s.kv.n_ctx() {
+            self.finish = FinishReason::ContextFull;
+            return Ok(self.end());
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) {
+        self.pending.clear();
+        self.finished = true;
+    }
+
+    /// The answer, once finished (or as far as it went).
+    pub fn finish(self, sampler: &Sampler) -> GenOutput {
+        let mut timings = self.timings;
+        if let Some(t0) = self.decode_start {
             timings.decode_ms = ms(t0);
-            let n = generated.len().saturating_sub(before_decode);
+            let n = self.generated.len().saturating_sub(self.before_decode);
             if n > 0 && timings.decode_ms > 0.0 {
                 timings.decode_tps = n as f64 / (timings.decode_ms / 1000.0);
             }
         }
         let constraint = sampler.constraint().map(|c| c.stats());
-        Ok(GenOutput {
-            generated,
+        let finish = self.finish;
+        GenOutput {
+            generated: self.generated,
             finish,
             // Only an answer the grammar saw through to an end: never one cut short.
             valid: constraint.as_ref().map(|_| finish == FinishReason::Eog),
             constraint,
-            top_logits,
+            top_logits: self.top_logits,
             timings,
-        })
+        }
     }
 }
 

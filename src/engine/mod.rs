@@ -6,7 +6,7 @@ mod generate;
 pub mod sampler;
 pub mod store;
 
-pub use generate::{FinishReason, GenOutput, GenParams, Timings, top_k_logits};
+pub use generate::{FinishReason, GenOutput, GenParams, Generation, Timings, top_k_logits};
 pub use sampler::{Sampler, SamplingError, SamplingParams};
 
 use crate::kv::{KvCache, KvType};
