@@ -37,6 +37,10 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
     }
     let token = |i: usize| 100 + (i as u32 * 7919) % (n_vocab - 200);
     let prompt: Vec<u32> = (0..o.n_prompt).map(token).collect();
+    // Batch 1 first: every other size is measured against it.
+    let batches: Vec<usize> = std::iter::once(1)
+        .chain(o.batches.iter().copied().filter(|&b| b != 1))
+        .collect();
     let mut rows = Vec::new();
     for cfg in o.configs {
         let threads = cfg.threads;
@@ -62,7 +66,7 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
             None
         };
         let mut base = None;
-        for &b in o.batches {
+        for &b in &batches {
             let mut tps = Vec::new();
             // One warm-up, then the repetitions.
             for rep in 0..=o.reps {
@@ -72,7 +76,8 @@ pub fn run(o: Opts<'_>) -> Result<(), String> {
                 }
             }
             let mean = tps.iter().sum::<f64>() / tps.len().max(1) as f64;
-            let one = *base.get_or_insert(mean / b as f64);
+            // Batch 1's rate, measured first.
+            let one = *base.get_or_insert(mean);
             let ceiling = pp.map_or(b as f64 * one, |pp| (b as f64 * one).min(pp));
             rows.push(json!({
                 "threads": threads,

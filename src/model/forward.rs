@@ -358,15 +358,8 @@ pub fn forward(
                 ];
                 for (base, table) in bases.into_iter().zip([&mut ar.rope, &mut ar.rope_local]) {
                     let Some(base) = base else { continue };
-                    match &seqs {
-                        Seqs::One { pos0, .. } => {
-                            rope_rows(hp, base, *pos0, &mut table[..n * n_rot])
-                        }
-                        Seqs::Each { pos, .. } => {
-                            for (&p, row) in pos.iter().zip(table.chunks_exact_mut(n_rot)) {
-                                rope_rows(hp, base, p, row);
-                            }
-                        }
+                    for (t, row) in table[..n * n_rot].chunks_exact_mut(n_rot).enumerate() {
+                        rope_rows(hp, base, seqs.pos(t), row);
                     }
                 }
             }
