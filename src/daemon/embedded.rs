@@ -23,12 +23,15 @@ pub fn start(m: &MqttConfig) -> Result<Embedded, DaemonError> {
         TcpListener::bind(addr)
             .map_err(|e| DaemonError::Broker(format!("cannot listen on {addr}: {e}")))?;
     }
-    let max_payload = usize::try_from(m.max_payload)
-        .unwrap_or(usize::MAX)
-        .saturating_add(4096);
+    // The daemon's own packet limit: a request up to twice `max_payload` reaches the daemon and
+    // is answered `too_large`. rumqttd compares it with a packet's remaining length (topic and
+    // properties included) and closes the connection of a client that sends more, without a
+    // word to it (its CONNACK cannot carry a Maximum Packet Size).
+    let max_packet =
+        crate::mqtt::contract::max_packet(usize::try_from(m.max_payload).unwrap_or(usize::MAX));
     let connections = rumqttd::ConnectionSettings {
         connection_timeout_ms: 10_000,
-        max_payload_size: max_payload,
+        max_payload_size: max_packet,
         max_inflight_count: 100,
         auth: None,
         external_auth: None,

@@ -217,9 +217,9 @@ pub async fn run(
         // MQTT 5). The fleet's session ends with its connection.
         persistent: device,
         session_expiry_s: 86_400,
-        // Twice the payload limit: a request somewhat over it is still received, and answered
+        // A request somewhat over the payload limit is still received, and answered
         // too_large; the broker discards a bigger one (MQTT 5 maximum packet size).
-        max_packet: s.limits.max_payload.saturating_mul(2).saturating_add(4096),
+        max_packet: super::contract::max_packet(s.limits.max_payload),
         inflight: 32,
         will: device.then(|| (s.topics.status.as_str(), offline())),
         credentials: s

@@ -113,6 +113,14 @@ impl Topics {
     }
 }
 
+/// The largest MQTT packet the daemon takes in, for requests of at most `max_payload` bytes:
+/// twice that, so a request somewhat over the limit still arrives and is answered `too_large`
+/// rather than dropped unanswered, plus 4 KiB for the packet's topic and properties (a broker's
+/// packet limit counts them too).
+pub fn max_packet(max_payload: usize) -> usize {
+    max_payload.saturating_mul(2).saturating_add(4096)
+}
+
 /// Bounds a request is held to.
 #[derive(Clone, Debug)]
 pub struct Limits {
