@@ -1,6 +1,6 @@
-//! What a client sees when the embedded broker gets more than a request should hold:
-//! `edgellm serve` as a real process on its embedded broker, `mosquitto_pub` and
-//! `mosquitto_sub` as its clients.
+//! What a client sees, and what the daemon's log says, when the embedded broker gets more than
+//! a request should hold or a CONNECT in the other MQTT version: `edgellm serve` as a real
+//! process on its embedded broker, `mosquitto_pub` and `mosquitto_sub` as its clients.
 
 mod common;
 
@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 const DEVICE: &str = "test-dev";
 /// `mqtt.max_payload` of these tests: small, so the requests over it are quick to send.
 const MAX_PAYLOAD: usize = 16 << 10;
+/// The broker's packet limit for it: twice `MAX_PAYLOAD`, plus 4096 for topic and properties.
+const MAX_PACKET: usize = 2 * MAX_PAYLOAD + 4096;
 
 /// The daemon on its embedded broker: MQTT 5 on the port returned, 3.1.1 on the next.
 fn serve_embedded() -> (u16, tempfile::TempDir, Daemon) {
@@ -73,6 +75,24 @@ fn request_of(id: &str, len: usize) -> Vec<u8> {
     r
 }
 
+/// The daemon's WARN lines that contain `needle`, waiting up to 20 s for one.
+fn warnings_naming(d: &Daemon, needle: &str) -> Vec<String> {
+    let pick = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    };
+    pick(&d.wait_log(Duration::from_secs(20), |log| !pick(log).is_empty()))
+}
+
+/// The numbers written in `line`.
+fn numbers(line: &str) -> Vec<usize> {
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
 #[test]
 fn a_request_of_twice_max_payload_reaches_the_daemon_and_is_answered_too_large() {
     let (port, _dir, d) = serve_embedded();
@@ -95,5 +115,44 @@ fn a_request_of_twice_max_payload_reaches_the_daemon_and_is_answered_too_large()
         (v["id"].as_str(), v["done"].as_bool()),
         (Some("big-1"), Some(true)),
         "{v}"
+    );
+}
+
+#[test]
+fn a_request_over_the_brokers_limit_is_named_in_the_daemons_log_with_its_size_and_the_limit() {
+    let (port, _dir, d) = serve_embedded();
+    let len = MAX_PACKET + 4000;
+    publish_as(
+        port,
+        &["-V", "mqttv5"],
+        "huge-sender",
+        &request_of("huge-1", len),
+    );
+    let warned = warnings_naming(&d, "huge-sender");
+    let line = warned
+        .first()
+        .unwrap_or_else(|| panic!("no WARN naming the client\n{}", d.log_text()));
+    let n = numbers(line);
+    assert!(n.contains(&MAX_PACKET), "the limit, {MAX_PACKET}: {line}");
+    // The packet's size: the payload, with its topic and properties.
+    assert!(
+        n.iter().any(|&x| (len..len + 200).contains(&x)),
+        "the packet's size, a little over {len}: {line}"
+    );
+    assert_eq!(warned.len(), 1, "one line for one refusal: {warned:?}");
+}
+
+#[test]
+fn a_3_1_1_client_on_the_mqtt_5_port_is_told_in_the_log_which_port_to_use() {
+    let (port, _dir, d) = serve_embedded();
+    publish_as(port, &["-V", "mqttv311"], "old-client", b"{}");
+    let v311 = (port + 1).to_string();
+    let warned = warnings_naming(&d, "3.1.1");
+    let line = warned
+        .first()
+        .unwrap_or_else(|| panic!("no WARN about the 3.1.1 client\n{}", d.log_text()));
+    assert!(
+        line.contains(&v311) && numbers(line).contains(&usize::from(port + 1)),
+        "the 3.1.1 port, {v311}: {line}"
     );
 }

@@ -124,7 +124,9 @@ fn init_reloadable_logging(
     default: &str,
     ring: Option<std::sync::Arc<logring::LogRing>>,
 ) -> SetFilter {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
     let default = match verbose {
         0 => default,
         1 => "info",
@@ -133,15 +135,20 @@ fn init_reloadable_logging(
     let from_env = EnvFilter::try_from_env("EDGELLM_LOG").ok();
     let fixed = from_env.is_some() || verbose > 0;
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // The filter is the log writer's own, not the whole subscriber's: the embedded broker's
+    // watcher below must see rumqttd's events that the filter turns off.
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let writer = tracing_subscriber::fmt::layer()
         .with_writer(logring::Tee(ring))
         .with_target(false)
         // Colours only on a terminal: journald and log files get plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_filter_reloading();
-    let handle = builder.reload_handle();
-    let _ = builder.try_init();
+        .with_filter(filter);
+    let subscriber = tracing_subscriber::registry().with(writer);
+    // Last: it logs from within rumqttd's events, after the writer has seen them.
+    #[cfg(feature = "embedded-broker")]
+    let subscriber = subscriber.with(edgellm::daemon::embedded_log::layer());
+    let _ = subscriber.try_init();
     Box::new(move |level: &str| {
         if fixed {
             return Err("EDGELLM_LOG or -v sets the log filter, and wins over log.level".into());

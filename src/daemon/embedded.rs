@@ -26,9 +26,16 @@ pub fn start(m: &MqttConfig) -> Result<Embedded, DaemonError> {
     // The daemon's own packet limit: a request up to twice `max_payload` reaches the daemon and
     // is answered `too_large`. rumqttd compares it with a packet's remaining length (topic and
     // properties included) and closes the connection of a client that sends more, without a
-    // word to it (its CONNACK cannot carry a Maximum Packet Size).
-    let max_packet =
-        crate::mqtt::contract::max_packet(usize::try_from(m.max_payload).unwrap_or(usize::MAX));
+    // word to it (its CONNACK cannot carry a Maximum Packet Size): `embedded_log` tells the
+    // daemon's log.
+    let max_payload = usize::try_from(m.max_payload).unwrap_or(usize::MAX);
+    let max_packet = crate::mqtt::contract::max_packet(max_payload);
+    super::embedded_log::serving(super::embedded_log::Broker {
+        v5_port: v5.port(),
+        v311_port: v4.port(),
+        max_payload,
+        max_packet,
+    });
     let connections = rumqttd::ConnectionSettings {
         connection_timeout_ms: 10_000,
         max_payload_size: max_packet,

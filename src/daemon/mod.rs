@@ -9,6 +9,8 @@ mod broker;
 pub mod config;
 #[cfg(feature = "embedded-broker")]
 mod embedded;
+#[cfg(feature = "embedded-broker")]
+pub mod embedded_log;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 pub mod modbus;
