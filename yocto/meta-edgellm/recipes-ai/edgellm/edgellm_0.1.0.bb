@@ -9,18 +9,26 @@ LICENSE = "Apache-2.0"
 LIC_FILES_CHKSUM = "file://LICENSE;md5=3b83ef96387f14655fc854ddc3c6bd57"
 CVE_PRODUCT = "edgellm"
 
-# There is no public repository: by default the recipe builds the git repository this layer
-# sits in (an edgellm checkout holds the layer at yocto/meta-edgellm), at the commit the layer
-# is checked out at, so the sources and edgellm-crates.inc (checked against that Cargo.lock by
-# scripts/check-yocto.sh) always come from one commit, and a kas lock pins both.
-# A mirror of your own, in local.conf or a kas local_conf_header (README.md: also externalsrc):
+# The commit built, pinned: the sources and edgellm-crates.inc (generated from this commit's
+# Cargo.lock) always agree, and the recipe parses wherever the layer is copied to. Change it
+# with yocto/scripts/bump-srcrev.sh, which refuses a commit whose Cargo.lock the .inc does not
+# list. There is no public repository: the sources come from a git mirror of your own (in
+# local.conf or a kas local_conf_header; README.md):
 #   EDGELLM_GIT_URI = "git://git.example.com/edgellm.git;protocol=https;branch=main"
-#   SRCREV:pn-edgellm = "<a commit of that branch>"
-EDGELLM_LAYER_REPO := "${@os.path.normpath(os.path.join(d.getVar('THISDIR'), '..', '..', '..', '..'))}"
-EDGELLM_GIT_URI ?= "git://${EDGELLM_LAYER_REPO};protocol=file;nobranch=1"
-PV .= "+git"
+# or, with EDGELLM_FROM_CHECKOUT = "1", from the git repository this layer sits in (an edgellm
+# checkout holds it at yocto/meta-edgellm), at the commit it is checked out at: see
+# edgellm-checkout.inc and yocto/kas/edgellm-checkout.yml.
+PV = "0.1.0+git"
 SRC_URI = "${EDGELLM_GIT_URI}"
-SRCREV ?= "${@bb.process.run('git rev-parse HEAD', cwd=d.getVar('EDGELLM_LAYER_REPO'))[0].strip()}"
+SRCREV = "ea42aacb07cf28f71d0548519ff90dde2fb89cf3"
+EDGELLM_GIT_URI ??= ""
+# (The layer's own switch, not a misspelt variable of oe-core.)
+# nooelint: oelint.vars.mispell.unknown
+EDGELLM_FROM_CHECKOUT ??= "0"
+require ${@'edgellm-checkout.inc' if d.getVar('EDGELLM_FROM_CHECKOUT') == '1' else ''}
+# Without a source (a mirror, this checkout, or externalsrc's tree) the recipe is skipped,
+# saying why, rather than failing the parse of every image that has the layer.
+SKIP_RECIPE[edgellm] = "${@'' if d.getVar('EDGELLM_GIT_URI') or d.getVar('EXTERNALSRC') else 'it has no source: set EDGELLM_GIT_URI to a git mirror of edgellm, or EDGELLM_FROM_CHECKOUT to 1 to build the checkout this layer sits in (meta-edgellm README.md)'}"
 
 inherit cargo cargo-update-recipe-crates systemd useradd
 
