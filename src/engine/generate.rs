@@ -337,6 +337,15 @@ impl Generation {
         self.finished = true;
     }
 
+    /// Ends the answer between steps (its caller cancelled it while its prompt was being fed):
+    /// it finishes `cancelled`, as when `on_token` says stop.
+    pub fn stop(&mut self) {
+        if !self.finished {
+            self.finish = FinishReason::Cancelled;
+            self.end();
+        }
+    }
+
     /// The answer, once finished (or as far as it went).
     pub fn finish(self, sampler: &Sampler) -> GenOutput {
         let mut timings = self.timings;

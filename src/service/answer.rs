@@ -20,11 +20,11 @@ use std::time::Instant;
 
 /// The sessions a worker answers in: [`Sessions`](super::Sessions) once opened.
 pub(super) enum OpenSessions {
-    /// No sessions: every request in one scratch session.
-    Scratch(Session),
+    /// No sessions: every request in a scratch session (one per request decoded at once).
+    Scratch(Vec<Session>),
     File(SessionFile),
-    /// A state directory, and a scratch session for requests that name none.
-    Dir(SessionStore, Session),
+    /// A state directory, and the scratch sessions for requests that name none.
+    Dir(SessionStore, Vec<Session>),
 }
 
 pub(super) struct Worker {
@@ -45,120 +45,150 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn run(&mut self) {
-        while let Some(job) = self.next() {
-            let Job {
-                req,
-                channel,
-                submitted,
-            } = job;
-            let ev = self.answer(&req, &channel, submitted);
-            let c = &self.shared.counters;
-            match &ev {
-                Event::Done(d) if matches!(d.finish_reason, FinishReason::Cancelled) => {
-                    c.cancelled.fetch_add(1, Ordering::Relaxed)
-                }
-                Event::Done(_) => c.answered.fetch_add(1, Ordering::Relaxed),
-                Event::Error(e) if e.code == ErrorCode::Cancelled => {
-                    c.cancelled.fetch_add(1, Ordering::Relaxed)
-                }
-                _ => c.failed.fetch_add(1, Ordering::Relaxed),
-            };
-            if let Event::Error(e) = &ev {
-                tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
-            }
-            if let Event::Done(d) = &ev
-                && let Some(r) = &d.session
-            {
-                // The answer is given all the same; the session starts over from its next
-                // request if the save never succeeds.
-                if let Some(e) = &r.error {
-                    if c.saves.failed(e.clone()) {
-                        tracing::error!(request = req.id, "session not saved: {e}");
-                    }
-                } else if r.saved && c.saves.ok() {
-                    tracing::info!("session saves work again");
-                }
-            }
-            if let Event::Done(d) = &ev {
-                c.last_tps
-                    .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
-                // One line per answer: what a field log needs to tell a slow engine from a
-                // slow link (bench/serial.py reads it).
-                let t = &d.timings;
-                tracing::info!(
-                    request = req.id,
-                    source = req.source,
-                    finish = ?d.finish_reason,
-                    prompt_tokens = d.usage.prompt_tokens,
-                    restored_tokens = d.usage.restored_tokens,
-                    completion_tokens = d.usage.completion_tokens,
-                    queue_ms = format!("{:.2}", t.queue_ms),
-                    ttft_ms = format!("{:.2}", t.ttft_ms),
-                    decode_tps = format!("{:.1}", t.decode_tps),
-                    "answered"
-                );
-            }
-            if let Some(r) = &mut self.recorder {
-                r.record(
-                    &req,
-                    &ev,
-                    self.engine.config(),
-                    self.engine.kernels().name(),
-                );
-            }
-            channel.end(ev);
-            self.shared.busy.store(false, Ordering::Relaxed);
-            self.shared.lock().running = None;
-            self.shared.wake.notify_all();
-            self.shared.changed();
+        if self.engine.config().max_batch > 1 {
+            return self.run_batched();
+        }
+        while let Some(job) = self.next(true) {
+            self.answer_alone(job);
         }
         tracing::debug!("worker stopped");
     }
 
-    /// Waits (asleep) for the next job; `None` once the service is closed.
-    fn next(&self) -> Option<Job> {
+    /// Answers `job` by itself, to its end.
+    pub(super) fn answer_alone(&mut self, job: Job) {
+        let Job {
+            req,
+            channel,
+            submitted,
+        } = job;
+        let ev = match self.start(&req, &channel, submitted) {
+            Ok((started, queue_ms)) => match self.generate(&req, &channel, started) {
+                Ok(mut done) => {
+                    done.timings.queue_ms = queue_ms;
+                    Event::Done(Box::new(done))
+                }
+                Err(e) => Event::Error(e),
+            },
+            Err(e) => Event::Error(e),
+        };
+        self.conclude(&req, &channel, ev);
+    }
+
+    /// Ends a request with its last event: the counters, the log line, the audit trail, the
+    /// ticket; the request leaves the running ones.
+    pub(super) fn conclude(&mut self, req: &Request, channel: &Arc<Channel>, ev: Event) {
+        let c = &self.shared.counters;
+        match &ev {
+            Event::Done(d) if matches!(d.finish_reason, FinishReason::Cancelled) => {
+                c.cancelled.fetch_add(1, Ordering::Relaxed)
+            }
+            Event::Done(_) => c.answered.fetch_add(1, Ordering::Relaxed),
+            Event::Error(e) if e.code == ErrorCode::Cancelled => {
+                c.cancelled.fetch_add(1, Ordering::Relaxed)
+            }
+            _ => c.failed.fetch_add(1, Ordering::Relaxed),
+        };
+        if let Event::Error(e) = &ev {
+            tracing::info!(request = req.id, code = %e.code, "request refused: {e}");
+        }
+        if let Event::Done(d) = &ev
+            && let Some(r) = &d.session
+        {
+            // The answer is given all the same; the session starts over from its next
+            // request if the save never succeeds.
+            if let Some(e) = &r.error {
+                if c.saves.failed(e.clone()) {
+                    tracing::error!(request = req.id, "session not saved: {e}");
+                }
+            } else if r.saved && c.saves.ok() {
+                tracing::info!("session saves work again");
+            }
+        }
+        if let Event::Done(d) = &ev {
+            c.last_tps
+                .store(d.timings.decode_tps.to_bits(), Ordering::Relaxed);
+            // One line per answer: what a field log needs to tell a slow engine from a
+            // slow link (bench/serial.py reads it).
+            let t = &d.timings;
+            tracing::info!(
+                request = req.id,
+                source = req.source,
+                finish = ?d.finish_reason,
+                prompt_tokens = d.usage.prompt_tokens,
+                restored_tokens = d.usage.restored_tokens,
+                completion_tokens = d.usage.completion_tokens,
+                queue_ms = format!("{:.2}", t.queue_ms),
+                ttft_ms = format!("{:.2}", t.ttft_ms),
+                decode_tps = format!("{:.1}", t.decode_tps),
+                "answered"
+            );
+        }
+        if let Some(r) = &mut self.recorder {
+            r.record(req, &ev, self.engine.config(), self.engine.kernels().name());
+        }
+        channel.end(ev);
+        {
+            let mut st = self.shared.lock();
+            st.running.retain(|(_, c)| !Arc::ptr_eq(c, channel));
+            if st.running.is_empty() {
+                self.shared.busy.store(false, Ordering::Relaxed);
+            }
+        }
+        self.shared.wake.notify_all();
+        self.shared.changed();
+    }
+
+    /// The next job, now running; waits (asleep) for one when `wait`, else `None` when the
+    /// queue is empty. `None` too once the service is closed.
+    pub(super) fn next(&self, wait: bool) -> Option<Job> {
         let mut st = self.shared.lock();
         loop {
             if st.closed {
                 return None;
             }
             if let Some(job) = st.queue.pop() {
-                st.running = Some((job.req.id.clone(), Arc::clone(&job.channel)));
+                st.running
+                    .push((job.req.id.clone(), Arc::clone(&job.channel)));
                 self.shared.progress();
                 self.shared.busy.store(true, Ordering::Relaxed);
                 drop(st);
                 self.shared.changed();
                 return Some(job);
             }
+            if !wait {
+                return None;
+            }
             st = self.shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    /// Answers one request; returns its last event (`Done` or `Error`), the `Text` events
-    /// having gone to its ticket's `channel` already.
-    fn answer(&mut self, req: &Request, channel: &Channel, submitted: Instant) -> Event {
+    /// A request's start: refused when it was cancelled or its deadline passed in the queue;
+    /// else when it started and how long it waited.
+    pub(super) fn start(
+        &self,
+        req: &Request,
+        channel: &Channel,
+        submitted: Instant,
+    ) -> Result<(Instant, f64), ServiceError> {
         let started = Instant::now();
         let queue_ms = ms(submitted, started);
         if channel.is_cancelled() {
-            return error(ErrorCode::Cancelled, "cancelled before its answer started");
+            return Err(ServiceError::new(
+                ErrorCode::Cancelled,
+                "cancelled before its answer started",
+            ));
         }
         if req.deadline.is_some_and(|d| started >= d) {
-            return error(
+            return Err(ServiceError::new(
                 ErrorCode::Timeout,
                 format!("its deadline passed after {queue_ms:.0} ms in the queue"),
-            );
+            ));
         }
         #[cfg(feature = "test-hooks")]
         if let Some(pause) = self.test_stall {
             std::thread::sleep(pause);
         }
-        match self.generate(req, channel, started) {
-            Ok(mut done) => {
-                done.timings.queue_ms = queue_ms;
-                Event::Done(Box::new(done))
-            }
-            Err(e) => Event::Error(e),
-        }
+        Ok((started, queue_ms))
     }
 
     fn generate(
@@ -178,6 +208,81 @@ impl Worker {
             }
             _ => {}
         }
+        let Prepared {
+            built,
+            turn,
+            params,
+            mut sampler,
+            shape,
+        } = self.prepare(req)?;
+        let model = Arc::clone(self.engine.model());
+        let tok = &model.tokenizer;
+        let engine = &mut self.engine;
+        let is_eog = |t: u32| tok.is_eog(t);
+        let mut stream = TextStream::new(req.max_tokens.min(engine.config().n_ctx));
+        let shared = &self.shared;
+        let mut on_token = |t: u32| stream.token(t, tok, channel, req.deadline, shared);
+        let gen_start = Instant::now();
+        let (out, report) = match (&mut self.sessions, &req.session) {
+            (OpenSessions::Scratch(scratch) | OpenSessions::Dir(_, scratch), None) => {
+                let out = engine.generate(
+                    &mut scratch[0],
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                (out, None)
+            }
+            (OpenSessions::Scratch(_) | OpenSessions::File(_), Some(_)) => {
+                return Err(no_sessions());
+            }
+            (OpenSessions::File(f), None) => {
+                let (out, turn) = f.generate(
+                    engine,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                (out, Some(SessionReport::of(None, turn)))
+            }
+            (OpenSessions::Dir(store, _), Some(id)) => {
+                let system = cache_system_prompt(store, engine, &built);
+                let (out, turn) = store.generate(
+                    engine,
+                    id,
+                    &built.ids,
+                    &params,
+                    &mut sampler,
+                    &is_eog,
+                    &mut on_token,
+                )?;
+                let mut r = SessionReport::of(Some(id), turn);
+                r.status = Some(store.status());
+                r.system_prompt = system;
+                (out, Some(r))
+            }
+        };
+        let (text, stop) = stream.end(channel, req.deadline, &self.shared);
+        let ended = Ended {
+            built,
+            turn,
+            shape,
+            out,
+            report,
+            text,
+            stop,
+            before_gen_ms: ms(started, gen_start),
+        };
+        Ok(self.finalize(req, ended))
+    }
+
+    /// What an answer needs before its first step: the prompt's tokens (a named session's
+    /// conversation rendered, or the request's text), the sampler with the format's grammar.
+    pub(super) fn prepare(&mut self, req: &Request) -> Result<Prepared, ServiceError> {
         if let Err(e) = req.sampling.validate() {
             return Err(ServiceError::new(ErrorCode::BadRequest, e.to_string()));
         }
@@ -225,81 +330,29 @@ impl Worker {
                 Some(shape)
             }
         };
-        let engine = &mut self.engine;
-        let is_eog = |t: u32| tok.is_eog(t);
+        Ok(Prepared {
+            built,
+            turn,
+            params,
+            sampler,
+            shape,
+        })
+    }
 
-        let mut text = String::with_capacity(req.max_tokens.min(n_ctx).saturating_mul(8));
-        let mut stream = StreamDecoder::new();
-        // Why the answer was stopped before the engine ended it, if it was.
-        let mut stop = None;
-        let shared = &self.shared;
-        let alive = || shared.progress();
-        let mut on_token = |t: u32| {
-            shared.progress();
-            if tok.is_eog(t) {
-                return true;
-            }
-            let start = text.len();
-            stream.push_into(tok.token_to_piece(t), &mut text);
-            let why = match send_text(channel, &text[start..], req.deadline, &alive) {
-                Err(why) => why,
-                Ok(()) if channel.is_cancelled() => Stop::Cancelled,
-                Ok(()) if req.deadline.is_some_and(|d| Instant::now() >= d) => Stop::Deadline,
-                Ok(()) => return true,
-            };
-            stop = Some(why);
-            false
-        };
-        let gen_start = Instant::now();
-        let (out, report) = match (&mut self.sessions, &req.session) {
-            (OpenSessions::Scratch(scratch) | OpenSessions::Dir(_, scratch), None) => {
-                let out = engine.generate(
-                    scratch,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                (out, None)
-            }
-            (OpenSessions::Scratch(_) | OpenSessions::File(_), Some(_)) => {
-                return Err(no_sessions());
-            }
-            (OpenSessions::File(f), None) => {
-                let (out, turn) = f.generate(
-                    engine,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                (out, Some(SessionReport::of(None, turn)))
-            }
-            (OpenSessions::Dir(store, _), Some(id)) => {
-                let system = cache_system_prompt(store, engine, &built);
-                let (out, turn) = store.generate(
-                    engine,
-                    id,
-                    &built.ids,
-                    &params,
-                    &mut sampler,
-                    &is_eog,
-                    &mut on_token,
-                )?;
-                let mut r = SessionReport::of(Some(id), turn);
-                r.status = Some(store.status());
-                r.system_prompt = system;
-                (out, Some(r))
-            }
-        };
-        let tail = stream.finish();
-        text.push_str(&tail);
-        if stop.is_none() {
-            // Only what an invalid sequence at the very end left: `Done` carries it anyway.
-            let _ = send_text(channel, &tail, req.deadline, &alive);
-        }
+    /// The `Done` of an answer the engine has ended: the finish reason the text stream's stop
+    /// explains, a named session's turn logged (before the answer goes out: an acknowledged
+    /// turn is kept), a format's JSON parsed.
+    pub(super) fn finalize(&mut self, req: &Request, e: Ended) -> Done {
+        let Ended {
+            built,
+            turn,
+            shape,
+            out,
+            mut report,
+            text,
+            stop,
+            before_gen_ms,
+        } = e;
         // The loop says `cancelled` whenever the callback stopped it; the callback knows why.
         let finish = match stop {
             None => out.finish,
@@ -318,15 +371,19 @@ impl Worker {
             Source::File { recomputed, .. } | Source::Refused { recomputed, .. } => recomputed,
             _ => 0,
         });
-        let before_gen = ms(started, gen_start);
         let dropped_turns = turn.as_ref().map_or(0, Turn::dropped_turns);
-        let mut report = report;
         if let (Some(turn), Some(id), Some(r)) = (turn, &req.session, report.as_mut()) {
-            // Logged (and synced) before the answer goes out: an acknowledged turn is kept.
             r.turn = turn.finish(id, &text, finish, self.conversations);
         }
         let mut done = done(
-            req, built, text, finish, out, recomputed, before_gen, report,
+            req,
+            built,
+            text,
+            finish,
+            out,
+            recomputed,
+            before_gen_ms,
+            report,
         );
         done.usage.dropped_turns = dropped_turns;
         done.shape = shape.clone();
@@ -343,7 +400,108 @@ impl Worker {
                 }
             }
         }
-        Ok(done)
+        done
+    }
+}
+
+/// A request made ready to generate: [`Worker::prepare`].
+pub(super) struct Prepared {
+    pub(super) built: Built,
+    pub(super) turn: Option<Turn>,
+    pub(super) params: GenParams,
+    pub(super) sampler: Sampler,
+    pub(super) shape: Option<Arc<super::Shape>>,
+}
+
+/// An answer the engine has ended, for [`Worker::finalize`].
+pub(super) struct Ended {
+    pub(super) built: Built,
+    pub(super) turn: Option<Turn>,
+    pub(super) shape: Option<Arc<super::Shape>>,
+    pub(super) out: GenOutput,
+    pub(super) report: Option<SessionReport>,
+    pub(super) text: String,
+    pub(super) stop: Option<Stop>,
+    /// From the answer's start to its first engine step.
+    pub(super) before_gen_ms: f64,
+}
+
+/// An answer's text as it is generated: each token's piece decoded (a character split across
+/// tokens waits for its end) and sent to the ticket as it comes.
+pub(super) struct TextStream {
+    text: String,
+    decoder: StreamDecoder,
+    /// Why the answer was stopped before the engine ended it, if it was.
+    stop: Option<Stop>,
+}
+
+impl TextStream {
+    pub(super) fn new(max_tokens: usize) -> TextStream {
+        TextStream {
+            text: String::with_capacity(max_tokens.saturating_mul(8)),
+            decoder: StreamDecoder::new(),
+            stop: None,
+        }
+    }
+
+    /// Takes one generated token: `false` stops the answer (cancelled, past its deadline, or
+    /// nobody reads it), [`TextStream::end`] then says which.
+    pub(super) fn token(
+        &mut self,
+        t: u32,
+        tok: &crate::tokenizer::Tokenizer,
+        channel: &Channel,
+        deadline: Option<Instant>,
+        shared: &Shared,
+    ) -> bool {
+        shared.progress();
+        if tok.is_eog(t) {
+            return true;
+        }
+        let start = self.text.len();
+        self.decoder
+            .push_into(tok.token_to_piece(t), &mut self.text);
+        let alive = || shared.progress();
+        let why = match send_text(channel, &self.text[start..], deadline, &alive) {
+            Err(why) => why,
+            Ok(()) if channel.is_cancelled() => Stop::Cancelled,
+            Ok(()) if deadline.is_some_and(|d| Instant::now() >= d) => Stop::Deadline,
+            Ok(()) => return true,
+        };
+        self.stop = Some(why);
+        false
+    }
+
+    /// Stops the answer between steps, for `why`, as a `false` from [`TextStream::token`] would.
+    pub(super) fn stop(&mut self, why: Stop) {
+        self.stop.get_or_insert(why);
+    }
+
+    /// Why the answer should stop before its next step (cancelled, or past its deadline).
+    pub(super) fn should_stop(channel: &Channel, deadline: Option<Instant>) -> Option<Stop> {
+        if channel.is_cancelled() {
+            Some(Stop::Cancelled)
+        } else if deadline.is_some_and(|d| Instant::now() >= d) {
+            Some(Stop::Deadline)
+        } else {
+            None
+        }
+    }
+
+    /// The whole text and why it stopped early, if it did; sends what an invalid sequence at
+    /// the very end left (`Done` carries it anyway).
+    pub(super) fn end(
+        mut self,
+        channel: &Channel,
+        deadline: Option<Instant>,
+        shared: &Shared,
+    ) -> (String, Option<Stop>) {
+        let tail = self.decoder.finish();
+        self.text.push_str(&tail);
+        if self.stop.is_none() {
+            let _ = send_text(channel, &tail, deadline, &|| shared.progress());
+        }
+        (self.text, self.stop)
     }
 }
 
@@ -517,10 +675,6 @@ fn no_sessions() -> ServiceError {
     )
 }
 
-fn error(code: ErrorCode, message: impl Into<String>) -> Event {
-    Event::Error(ServiceError::new(code, message))
-}
-
-fn ms(from: Instant, to: Instant) -> f64 {
+pub(super) fn ms(from: Instant, to: Instant) -> f64 {
     to.saturating_duration_since(from).as_secs_f64() * 1000.0
 }

@@ -22,6 +22,7 @@
 //! command-line flag: a PLC operator reads it on a panel, not in a shell.
 
 mod answer;
+mod batch;
 pub mod conversation;
 pub mod prompt;
 pub mod queue;

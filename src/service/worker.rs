@@ -89,8 +89,9 @@ pub(super) struct Job {
 
 pub(super) struct State {
     pub(super) queue: FairQueue<Job>,
-    /// The request being answered: its id and its ticket's channel.
-    pub(super) running: Option<(String, Arc<Channel>)>,
+    /// The requests being answered (several when they are decoded together), oldest first:
+    /// each one's id and its ticket's channel.
+    pub(super) running: Vec<(String, Arc<Channel>)>,
     pub(super) closed: bool,
 }
 
@@ -102,6 +103,8 @@ pub struct Counters {
     pub answered: AtomicU64,
     pub failed: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Decoding steps that advanced several answers at once.
+    pub batched_steps: AtomicU64,
     /// Decode tokens/s of the last answer (`f64` bits).
     pub last_tps: AtomicU64,
     /// Session saves to the state directory (a full or read-only disk shows here).
@@ -241,13 +244,14 @@ impl Handle {
         self.shared.lock().queue.len()
     }
 
-    /// The id of the request being answered.
+    /// The id of the request being answered (the oldest, when several are).
     pub fn running(&self) -> Option<String> {
-        self.shared
-            .lock()
-            .running
-            .as_ref()
-            .map(|(id, _)| id.clone())
+        self.shared.lock().running.first().map(|(id, _)| id.clone())
+    }
+
+    /// How many requests are being answered now (decoded together).
+    pub fn running_count(&self) -> usize {
+        self.shared.lock().running.len()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -296,13 +300,19 @@ impl Service {
         cfg: ServiceConfig,
         recorder: impl FnOnce() -> Option<Box<dyn Recorder>>,
     ) -> Result<Service, ServiceError> {
+        // One scratch session for each request decoded at once (a single session file
+        // answers one request at a time: it needs none).
+        let scratch = |engine: &Engine| {
+            (0..engine.config().max_batch)
+                .map(|_| engine.new_session())
+                .collect()
+        };
         let sessions = match &cfg.sessions {
-            Sessions::None => OpenSessions::Scratch(engine.new_session()),
+            Sessions::None => OpenSessions::Scratch(scratch(&engine)),
             Sessions::File(path) => OpenSessions::File(SessionFile::open(&mut engine, path)?),
-            Sessions::Dir(sc) => OpenSessions::Dir(
-                SessionStore::open(&engine, sc.clone())?,
-                engine.new_session(),
-            ),
+            Sessions::Dir(sc) => {
+                OpenSessions::Dir(SessionStore::open(&engine, sc.clone())?, scratch(&engine))
+            }
         };
         let recorder = recorder();
         // A model without a template still answers raw prompts; a chat is then refused.
@@ -354,7 +364,7 @@ impl Service {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: FairQueue::new(cfg.queue_depth, cfg.per_source),
-                running: None,
+                running: Vec::new(),
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -402,8 +412,8 @@ impl Service {
         self.handle.clone()
     }
 
-    /// Stops: no new request is taken, waiting ones are answered `cancelled`, the running one
-    /// may finish within `grace` and is cancelled after it; then the worker ends.
+    /// Stops: no new request is taken, waiting ones are answered `cancelled`, the running ones
+    /// may finish within `grace` and are cancelled after it; then the worker ends.
     pub fn shutdown(mut self, grace: Duration) {
         self.stop(grace);
     }
@@ -425,10 +435,10 @@ impl Service {
         }
         let until = Instant::now() + grace;
         let mut st = shared.lock();
-        while st.running.is_some() {
+        while !st.running.is_empty() {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                if let Some((id, channel)) = &st.running {
+                for (id, channel) in &st.running {
                     tracing::warn!(request = %id, "cancelling the answer in progress to stop");
                     channel.cancel();
                 }
