@@ -34,7 +34,8 @@ fn a_context_the_boards_memory_cannot_hold_is_refused_at_start_with_the_numbers(
     ]);
     // 78: refused as configured, so systemd does not restart it (RestartPreventExitStatus).
     assert_eq!(code, Some(78), "{log}");
-    // The numbers, computed here from the model: one session's KV cache, f16.
+    // The numbers, computed here from the model: one session's KV cache, f16, for each of
+    // the board's batch of 4.
     let hp = Model::load(std::path::Path::new(&m), &LoadOptions::default())
         .unwrap()
         .hp;
@@ -48,7 +49,7 @@ fn a_context_the_boards_memory_cannot_hold_is_refused_at_start_with_the_numbers(
             weights as f64 / 1048576.0
         ),
         format!(
-            "1 session(s) x {:.1} MiB at model.ctx {ctx}",
+            "4 session(s) x {:.1} MiB at model.ctx {ctx}",
             kv as f64 / 1048576.0
         ),
         format!("kv_type f16; {kv} bytes"),
@@ -75,7 +76,30 @@ fn resident_sessions_of_the_state_directory_count_against_the_budget() {
     .unwrap();
     let (code, log) = serve_exit(&["--config", cfg.to_str().unwrap()]);
     assert_eq!(code, Some(78), "{log}");
-    assert!(log.contains("6 session(s) x 360.0 MiB"), "{log}");
+    // The batch's 4 and the 5 resident.
+    assert!(log.contains("9 session(s) x 360.0 MiB"), "{log}");
+}
+
+#[test]
+fn a_batch_the_boards_memory_cannot_hold_is_refused_at_start_and_a_smaller_one_starts() {
+    let m = model();
+    let state = tempfile::tempdir().unwrap();
+    // ctx 16384: 360 MiB a session. One fits the Pi 4's 1536 MiB; four do not.
+    let cfg = |batch: usize| {
+        let p = state.path().join(format!("b{batch}.toml"));
+        std::fs::write(
+            &p,
+            format!("[model]\npath = \"{m}\"\nctx = 16384\nthreads = 1\nboard = \"rpi4b\"\nmax_batch = {batch}\n[mqtt]\nbroker = \"off\"\n"),
+        )
+        .unwrap();
+        p
+    };
+    let (code, log) = serve_exit(&["--config", cfg(4).to_str().unwrap()]);
+    assert_eq!(code, Some(78), "{log}");
+    assert!(log.contains("4 session(s) x 360.0 MiB"), "{log}");
+    assert!(log.contains("model.max_batch"), "{log}");
+    let mut d = Daemon::start(&["--config", cfg(1).to_str().unwrap()], &[]);
+    assert!(d.terminate(Duration::from_secs(20)).success());
 }
 
 #[test]

@@ -108,7 +108,12 @@ fn an_empty_or_blank_prompt_is_refused_at_once() {
 #[test]
 fn a_full_queue_answers_busy_at_once_and_the_accepted_requests_are_answered() {
     let broker = Mosquitto::start();
-    let (_d, _dir) = serve(broker.port, "[limits]\nqueue_depth = 1\n", &[]);
+    // One answered at a time (no batch), one waiting: the others find the queue full.
+    let (_d, _dir) = serve(
+        broker.port,
+        "[model]\nmax_batch = 1\n[limits]\nqueue_depth = 1\n",
+        &[],
+    );
     // One answered, one waiting: the others find the queue full. 48 tokens take long enough
     // (about a second on one thread) for all four to arrive while the first is answered.
     let ids = ["b0", "b1", "b2", "b3"];
@@ -242,6 +247,48 @@ fn a_long_answer_stops_at_the_request_timeout_with_its_text_so_far() {
 }
 
 /// A request of `messages` (and a `session`), answered: the final message.
+/// Requests that arrive together are decoded together (the daemon's default batch), and each
+/// answer is the one it gets alone.
+#[test]
+fn requests_that_arrive_together_are_answered_together_as_each_is_alone() {
+    let broker = Mosquitto::start();
+    let (_d, _dir) = serve(broker.port, "", &[]);
+    let prompts = [
+        "What is a PLC?",
+        "Name the boiling point of water in Celsius.",
+        "Say hello.",
+        "Which colour is the sky?",
+    ];
+    let request = |id: &str, p: &str| {
+        serde_json::json!({"id": id, "prompt": p, "max_tokens": 24}).to_string()
+    };
+    let topic = format!("edgellm/{DEVICE}/response/+");
+    let mut alone = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let id = format!("a{i}");
+        let sub = subscribe(broker.port, &topic, 1, 60);
+        publish(broker.port, &request_topic(), request(&id, p).as_bytes());
+        alone.push(final_of(&parsed(collect(sub)), &id)["text"].clone());
+    }
+    let sub = subscribe(broker.port, &topic, prompts.len(), 60);
+    let lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| request(&format!("t{i}"), p))
+        .collect();
+    publish_lines(broker.port, &request_topic(), &lines);
+    let replies = parsed(collect(sub));
+    for (i, want) in alone.iter().enumerate() {
+        let v = final_of(&replies, &format!("t{i}"));
+        assert!(want.as_str().is_some_and(|t| !t.is_empty()), "{want}");
+        assert_eq!(&v["text"], want, "t{i}: {v}");
+    }
+    let status = collect(subscribe(broker.port, &format!("edgellm/{DEVICE}/status"), 1, 20));
+    let v: Value = serde_json::from_str(&status[0].1).unwrap();
+    assert_eq!(v["max_batch"], 4, "{v}");
+    assert!(v["counters"]["batched_steps"].as_u64().unwrap() > 0, "{v}");
+}
+
 fn chat(port: u16, id: &str, messages: &Value, session: Option<&str>) -> Value {
     let sub = subscribe(port, &format!("edgellm/{DEVICE}/response/{id}"), 1, 60);
     let mut req = serde_json::json!({"id": id, "messages": messages, "max_tokens": 8});

@@ -79,6 +79,9 @@ pub struct Profile {
     /// Worker threads; unset: every core the daemon may run on (the big ones of a
     /// big.LITTLE SoC).
     pub threads: Option<usize>,
+    /// Answers decoded together in one step; unset: the daemon's default.
+    #[serde(default)]
+    pub max_batch: Option<usize>,
     /// The CPUs the worker threads are pinned to (`0-3`); unset: not pinned.
     pub cpus: Option<String>,
     /// RAM the daemon may take (weights + KV caches + activations), MiB.
@@ -152,6 +155,14 @@ pub fn parse(text: &str) -> Result<Profile, String> {
         return Err(format!(
             "default_model {:?} has no [[estimate]]",
             p.default_model
+        ));
+    }
+    if p.max_batch
+        .is_some_and(|b| b == 0 || b > crate::engine::MAX_BATCH)
+    {
+        return Err(format!(
+            "max_batch must be in 1..={}",
+            crate::engine::MAX_BATCH
         ));
     }
     let gbs_ok = p.bandwidth.gbs.is_finite() && p.bandwidth.gbs > 0.0;

@@ -74,12 +74,13 @@ pub fn check_kernels(p: &Profile, running: &str) {
     }
 }
 
-/// KV caches the daemon may hold at once: the worker's own session, and with a state
-/// directory the resident sessions `state.ram_budget` allows (at least one).
+/// KV caches the daemon may hold at once: a scratch session for each answer of a batch, and
+/// with a state directory the resident sessions `state.ram_budget` allows (at least one).
 pub fn kv_sessions(cfg: &Config, kv_per_session: u64) -> u64 {
+    let batch = cfg.engine_config().max_batch as u64;
     match &cfg.store_config() {
-        None => 1,
-        Some(s) => 1 + s.max_resident(kv_per_session),
+        None => batch,
+        Some(s) => batch + s.max_resident(kv_per_session),
     }
 }
 
@@ -121,7 +122,7 @@ pub fn check_budget(
         "board {}: the daemon would need {} ({total} bytes), more than the board's memory \
          budget of {} ({budget} bytes, {}): weights {} ({} bytes) + KV caches {} ({sessions} \
          session(s) x {} at model.ctx {}, kv_type {}; {kv} bytes) + activations {} ({} bytes); \
-         lower model.ctx, state.ram_budget or model.kv_type, or use a smaller model",
+         lower model.ctx, model.max_batch, state.ram_budget or model.kv_type, or use a smaller model",
         p.name,
         mib(total),
         mib(budget),

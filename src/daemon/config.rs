@@ -355,7 +355,7 @@ impl Config {
     }
 
     /// The engine's sizes. Threads: `model.threads`, else the board profile's, else the
-    /// default (the big cores, or every core).
+    /// default (the big cores, or every core). The batch likewise (at most the chunk).
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             n_ctx: self.model.ctx,
@@ -366,7 +366,12 @@ impl Config {
                 .or_else(|| self.board().and_then(|b| b.threads))
                 .unwrap_or_else(default_threads),
             kv_type: self.model.kv_type,
-            max_batch: 1,
+            max_batch: self.model.max_batch.unwrap_or_else(|| {
+                self.board()
+                    .and_then(|b| b.max_batch)
+                    .unwrap_or(sections::DEFAULT_MAX_BATCH)
+                    .clamp(1, self.model.chunk)
+            }),
         }
     }
 

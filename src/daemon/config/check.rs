@@ -79,6 +79,18 @@ impl Config {
         }
         in_range("model.ctx", m.ctx, 1..=MAX_CTX)?;
         in_range("model.chunk", m.chunk, 1..=MAX_CHUNK)?;
+        if let Some(b) = m.max_batch {
+            in_range("model.max_batch", b, 1..=crate::engine::MAX_BATCH)?;
+            if b > m.chunk {
+                return Err(bad(
+                    "model.max_batch",
+                    format!(
+                        "{b} is more than model.chunk {}: a step's tokens are one chunk",
+                        m.chunk
+                    ),
+                ));
+            }
+        }
         if let Some(b) = &m.board {
             let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
             if b.is_empty() || b.len() > 64 || !b.chars().all(ok) {

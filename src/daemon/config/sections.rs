@@ -132,6 +132,11 @@ fn de_kv_type<'de, D: Deserializer<'de>>(d: D) -> Result<KvType, D::Error> {
 // ---------------------------------------------------------------------------------------------
 // Sections
 
+/// Answers decoded together when neither the configuration nor the board profile says: a
+/// step streams the weights once for all of them, and a few sessions' KV caches fit every
+/// board's budget.
+pub const DEFAULT_MAX_BATCH: usize = 4;
+
 /// `[model]`: which model, and how the engine is sized.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -142,6 +147,9 @@ pub struct ModelConfig {
     pub threads: Option<usize>,
     pub ctx: usize,
     pub chunk: usize,
+    /// Answers decoded together in one step. None: the board profile's, else
+    /// [`DEFAULT_MAX_BATCH`]; 1: one answer at a time.
+    pub max_batch: Option<usize>,
     #[serde(deserialize_with = "de_kv_type")]
     pub kv_type: KvType,
     pub mlock: bool,
@@ -159,6 +167,7 @@ impl Default for ModelConfig {
             threads: None,
             ctx: 2048,
             chunk: 64,
+            max_batch: None,
             kv_type: KvType::F16,
             mlock: false,
             board: None,
