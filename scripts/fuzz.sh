@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzzing campaign (issue #17): runs each libFuzzer target of tests/fuzz/ for a while on the
+# Fuzzing campaign: runs each libFuzzer target of tests/fuzz/ for a while on the
 # nightly toolchain, prints one summary table, and keeps whatever it found.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      (default: 600 s, every target)

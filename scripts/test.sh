@@ -138,6 +138,10 @@ a64_edgellm=(-p edgellm --config 'profile.test.package."*".opt-level=0')
 # cortex-a53 (neon).
 EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test engine_packed --test no_alloc
 EDGELLM_QEMU_CPUS=cortex-a53 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test no_alloc
+# Batch invariance: each session's logits and tokens in a batched step are those it gets alone,
+# in the engine (every path of max) and through the service's continuous batching.
+EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_batch synthetic
+EDGELLM_QEMU_CPUS=cortex-a76 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test service_batch synthetic
 step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test session_store another_architecture
@@ -157,7 +161,7 @@ EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_FORMAT_IDS_EXPECT="$format_ids_x86" \
 a64="${CARGO_TARGET_DIR_AARCH64:-target/aarch64-debian}"
 prune "$a64/aarch64-unknown-linux-gnu/debug" "$a64/debug"
 
-# Firmware packaging (issue #16). The aarch64 release binary is built once, the way the Yocto
+# Firmware packaging. The aarch64 release binary is built once, the way the Yocto
 # recipe builds it, and then packaged and booted.
 step "Yocto layer: oelint-adv wrynose, kas schema, crates file, the recipe's aarch64 release build"
 scripts/check-yocto.sh
