@@ -283,7 +283,12 @@ fn requests_that_arrive_together_are_answered_together_as_each_is_alone() {
         assert!(want.as_str().is_some_and(|t| !t.is_empty()), "{want}");
         assert_eq!(&v["text"], want, "t{i}: {v}");
     }
-    let status = collect(subscribe(broker.port, &format!("edgellm/{DEVICE}/status"), 1, 20));
+    let status = collect(subscribe(
+        broker.port,
+        &format!("edgellm/{DEVICE}/status"),
+        1,
+        20,
+    ));
     let v: Value = serde_json::from_str(&status[0].1).unwrap();
     assert_eq!(v["max_batch"], 4, "{v}");
     assert!(v["counters"]["batched_steps"].as_u64().unwrap() > 0, "{v}");

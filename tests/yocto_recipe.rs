@@ -4,7 +4,11 @@
 //! Cargo.lock lists exactly the crates `edgellm-crates.inc` fetches, or the image build
 //! fails hours later on a crate it did not fetch. `yocto/scripts/bump-srcrev.sh` moves the pin.
 //!
-//! The checks need the history: in a shallow clone they fail, saying so, rather than pass.
+//! The recipe also records the sha256 of SRCREV's Cargo.lock. With the history, the test holds
+//! that record to the commit; a clone without it (a shallow checkout) cannot see the commit,
+//! and holds the working tree's Cargo.lock to the record instead: the crates file matches that
+//! lock (tests/yocto_crates.rs), so it matches the pin's. `pin_problem` itself refuses a
+//! shallow clone rather than pass it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -172,10 +176,58 @@ fn the_recipe_pins_a_literal_commit_and_a_literal_version() {
     );
 }
 
+/// The recorded sha256 of SRCREV's Cargo.lock.
+fn lock_sha_of(recipe: &str) -> Result<String, String> {
+    let prefix = "# Cargo.lock of SRCREV: sha256 ";
+    let lines: Vec<&str> = recipe
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .collect();
+    match lines[..] {
+        [sha] if sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(sha.into()),
+        _ => Err(format!(
+            "want one '{prefix}<64 hex digits>' line, found {lines:?}"
+        )),
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether `repo` has its whole history (a git repository, not a shallow clone).
+fn has_history(repo: &Path) -> bool {
+    git(repo, &["rev-parse", "--is-shallow-repository"]).is_ok_and(|s| s == "false")
+}
+
 #[test]
 fn the_pinned_commit_is_in_the_history_and_its_cargo_lock_is_what_the_crates_file_fetches() {
-    let srcrev = srcrev_of(&recipe()).unwrap_or_else(|e| panic!("{e}"));
-    pin_problem(&repo(), &srcrev, &crates_inc()).unwrap_or_else(|e| panic!("{e}"));
+    let r = recipe();
+    let srcrev = srcrev_of(&r).unwrap_or_else(|e| panic!("{e}"));
+    let recorded = lock_sha_of(&r).unwrap_or_else(|e| panic!("{e}"));
+    if has_history(&repo()) {
+        pin_problem(&repo(), &srcrev, &crates_inc()).unwrap_or_else(|e| panic!("{e}"));
+        let lock = git(&repo(), &["show", &format!("{srcrev}:Cargo.lock")]).unwrap();
+        // `git show` gives the file without its last newline.
+        assert_eq!(
+            sha256_hex(format!("{lock}\n").as_bytes()),
+            recorded,
+            "the recipe's Cargo.lock sha256 is not SRCREV's (yocto/scripts/bump-srcrev.sh records it)"
+        );
+    } else {
+        eprintln!("no history here: the pin is checked through its recorded Cargo.lock sha256");
+    }
+    let lock = std::fs::read(repo().join("Cargo.lock")).unwrap();
+    assert_eq!(
+        sha256_hex(&lock),
+        recorded,
+        "Cargo.lock is not SRCREV's: regenerate edgellm-crates.inc, commit, and pin that commit \
+         (yocto/scripts/bump-srcrev.sh)"
+    );
 }
 
 #[test]

@@ -2,8 +2,9 @@
 # Pins the commit yocto/meta-edgellm builds: sets SRCREV in recipes-ai/edgellm/edgellm_0.1.0.bb
 # to COMMIT (default HEAD), as a full 40-digit hash. Refuses a commit whose Cargo.lock lists
 # other crates than edgellm-crates.inc (yocto/scripts/update-crates.py --check --rev COMMIT):
-# the image build would fetch the wrong crates and fail hours later. It edits the recipe only;
-# commit the change yourself.
+# the image build would fetch the wrong crates and fail hours later. It edits the recipe only
+# (SRCREV, and on the line below it the sha256 of that commit's Cargo.lock, which lets a clone
+# without the history check the pin too); commit the change yourself.
 #
 # Usage: yocto/scripts/bump-srcrev.sh [COMMIT]
 # After a Cargo.lock change: regenerate and commit the .inc with the lock file, then pin that
@@ -30,10 +31,14 @@ fi
 old=$(sed -n 's/^SRCREV = "\([0-9a-f]*\)"$/\1/p' "$recipe")
 [ "$(printf '%s\n' "$old" | grep -c .)" = 1 ] \
     || { echo "bump-srcrev: $recipe has no single 'SRCREV = \"<hash>\"' line" >&2; exit 1; }
+grep -q '^# Cargo.lock of SRCREV: sha256 ' "$recipe" \
+    || { echo "bump-srcrev: $recipe has no '# Cargo.lock of SRCREV: sha256' line" >&2; exit 1; }
 if [ "$old" = "$commit" ]; then
     echo "bump-srcrev: SRCREV is already $commit ($(git -C "$root" log -1 --format=%s "$commit"))"
     exit 0
 fi
-sed -i "s/^SRCREV = \"$old\"\$/SRCREV = \"$commit\"/" "$recipe"
+lock_sha=$(git -C "$root" show "$commit:Cargo.lock" | sha256sum | cut -d' ' -f1)
+sed -i -e "s/^SRCREV = \"$old\"\$/SRCREV = \"$commit\"/" \
+    -e "s/^# Cargo.lock of SRCREV: sha256 [0-9a-f]*\$/# Cargo.lock of SRCREV: sha256 $lock_sha/" "$recipe"
 echo "bump-srcrev: SRCREV $old -> $commit ($(git -C "$root" log -1 --format=%s "$commit"))"
 echo "bump-srcrev: edgellm-crates.inc lists its Cargo.lock; commit ${recipe#"$root"/}"

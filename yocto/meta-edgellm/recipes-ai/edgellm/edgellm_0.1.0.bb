@@ -21,6 +21,7 @@ CVE_PRODUCT = "edgellm"
 PV = "0.1.0+git"
 SRC_URI = "${EDGELLM_GIT_URI}"
 SRCREV = "ea42aacb07cf28f71d0548519ff90dde2fb89cf3"
+# Cargo.lock of SRCREV: sha256 356ab2df1c13cd5376d3a99c837bde298e2fec0559df064acdb8908a26e317a3
 EDGELLM_GIT_URI ??= ""
 # (The layer's own switch, not a misspelt variable of oe-core.)
 # nooelint: oelint.vars.mispell.unknown
