@@ -95,6 +95,52 @@ fn inspect_json_on_all_three_quants() {
     }
 }
 
+/// `--batch B`: a KV cache and a row of logits for each answer decoded together, and what one
+/// more slot costs.
+#[test]
+fn inspect_counts_a_kv_cache_and_logits_for_each_answer_of_a_batch() {
+    let p = model_path("q4_0");
+    let json = |batch: &str| {
+        let o = edgellm(&[
+            "inspect",
+            p.to_str().unwrap(),
+            "--json",
+            "--ctx",
+            "2048",
+            "--batch",
+            batch,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()["memory"].clone()
+    };
+    let (one, four) = (json("1"), json("4"));
+    let kv = 2 * 30 * 2048 * 3 * 64 * 2u64;
+    assert_eq!(four["batch"], 4);
+    assert_eq!(four["kv_cache"], kv);
+    assert_eq!(four["per_extra_slot"], kv + 4 * 49152);
+    let total = |m: &serde_json::Value| m["total"].as_u64().unwrap();
+    assert_eq!(total(&four) - total(&one), 3 * (kv + 4 * 49152));
+    let o = edgellm(&[
+        "inspect",
+        p.to_str().unwrap(),
+        "--ctx",
+        "2048",
+        "--batch",
+        "4",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("memory at ctx 2048 (chunk 64, batch 4):"),
+        "{out}"
+    );
+    assert!(
+        out.contains("per extra batch slot 45.2 MiB (its KV cache 45.0 MiB + its logits 0.2 MiB)"),
+        "{out}"
+    );
+    let o = edgellm(&["inspect", p.to_str().unwrap(), "--batch", "17"]);
+    assert!(!o.status.success());
+}
+
 #[test]
 fn inspect_text_says_what_it_counts() {
     let p = model_path("q4_0");

@@ -14,11 +14,15 @@ use std::collections::BTreeMap;
 Memory estimate = weights (the tensor data, mmapped) + KV cache (2 x layers x ctx x kv heads x \
 head dim x the --kv-type's bytes; a sliding-window layer holds a ring of 2 x window - 1 + \
 max(chunk, window / 2) positions instead of ctx) + activations for a chunk of --chunk tokens and the logits. \
+With --batch B (the daemon's model.max_batch), B answers are decoded together, each with a KV \
+cache of its own and a row of logits: the estimate counts B of them and says what each slot \
+beyond the first costs. \
 The file is only mapped, not read, so inspecting a large model is instant; the metadata is \
 not trusted: a size that would not fit is reported as an overflow.
 
 Examples:
   edgellm inspect smollm2-135m-q4_0.gguf --ctx 4096
+  edgellm inspect qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --ctx 2048 --batch 4
   edgellm inspect -m smollm2-135m-q4_0.gguf --json")]
 pub struct Args {
     #[command(flatten)]
@@ -32,16 +36,31 @@ pub struct Args {
     /// Print as JSON.
     #[arg(long)]
     json: bool,
+    /// Answers decoded together (the daemon's model.max_batch): count a KV cache and a row of
+    /// logits for each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=edgellm::engine::MAX_BATCH as i64))]
+    batch: u32,
 }
 
 /// The parts of the memory estimate, in bytes. Checked arithmetic: the counts come from an
 /// untrusted file and the command line.
 struct Memory {
     weights: u64,
+    /// One session's KV cache.
     kv: u64,
     activations: u64,
+    /// One row of logits.
     logits: u64,
+    /// Answers decoded together: a KV cache and a row of logits each.
+    batch: u64,
     total: u64,
+}
+
+impl Memory {
+    /// What each answer of a batch beyond the first adds.
+    fn per_extra_slot(&self) -> u64 {
+        self.kv + self.logits
+    }
 }
 
 fn product(xs: &[u64]) -> Option<u64> {
@@ -53,7 +72,12 @@ fn sum(xs: impl IntoIterator<Item = u64>) -> Option<u64> {
 }
 
 /// `None` if a size overflows 64 bits.
-fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads, ModelFile>) -> Option<Memory> {
+fn memory(
+    h: &HParams,
+    weights: u64,
+    a: &ModelArgs<NoThreads, ModelFile>,
+    batch: u64,
+) -> Option<Memory> {
     let u = |v: usize| v as u64;
     let ctx = u(a.ctx);
     let kv = edgellm::kv::KvCache::bytes_for(
@@ -80,7 +104,13 @@ fn memory(h: &HParams, weights: u64, a: &ModelArgs<NoThreads, ModelFile>) -> Opt
         kv,
         activations,
         logits,
-        total: sum([weights, kv, activations, logits])?,
+        batch,
+        total: sum([
+            weights,
+            product(&[batch, kv])?,
+            activations,
+            product(&[batch, logits])?,
+        ])?,
     })
 }
 
@@ -145,7 +175,10 @@ pub fn run(a: Args) -> CliResult {
     let file_type = m.opt_u32("general.file_type").map_err(in_file)?;
 
     let h = HParams::describe(m, n_vocab as usize).map_err(|e| e.to_string());
-    let mem = h.as_ref().ok().map(|h| memory(h, weights, &a.model));
+    let mem = h
+        .as_ref()
+        .ok()
+        .map(|h| memory(h, weights, &a.model, u64::from(a.batch)));
     // Shown only when the file says it (HParams assumes 2048 otherwise).
     let n_ctx_train = h.as_ref().ok().and_then(|h| {
         m.opt_u64(&format!("{arch}.context_length"))
@@ -196,7 +229,7 @@ pub fn run(a: Args) -> CliResult {
             });
         }
         let sizes = json!({"ctx": a.model.ctx, "chunk": a.model.chunk,
-                           "kv_type": a.model.kv_type.to_string()});
+                           "kv_type": a.model.kv_type.to_string(), "batch": a.batch});
         match &mem {
             Some(Some(mm)) => {
                 v["memory"] = sizes;
@@ -204,6 +237,7 @@ pub fn run(a: Args) -> CliResult {
                 v["memory"]["kv_cache"] = json!(mm.kv);
                 v["memory"]["activations"] = json!(mm.activations);
                 v["memory"]["logits"] = json!(mm.logits);
+                v["memory"]["per_extra_slot"] = json!(mm.per_extra_slot());
                 v["memory"]["total"] = json!(mm.total);
             }
             Some(None) => {
@@ -274,11 +308,15 @@ pub fn run(a: Args) -> CliResult {
         None => println!("chat template: absent"),
     }
     let (ctx, chunk, kv_type) = (a.model.ctx, a.model.chunk, a.model.kv_type);
+    let at = match a.batch {
+        1 => format!("ctx {ctx} (chunk {chunk})"),
+        b => format!("ctx {ctx} (chunk {chunk}, batch {b})"),
+    };
     if let (Some(None), Ok(_)) = (&mem, &h) {
-        println!("memory at ctx {ctx} (chunk {chunk}): {OVERFLOW}");
+        println!("memory at {at}: {OVERFLOW}");
     }
     if let (Some(Some(mm)), Ok(h)) = (&mem, &h) {
-        println!("memory at ctx {ctx} (chunk {chunk}):");
+        println!("memory at {at}:");
         println!(
             "  weights      {:>12}  (tensor data, mmapped: shared and evictable unless --mlock)",
             mib(mm.weights)
@@ -295,9 +333,13 @@ pub fn run(a: Args) -> CliResult {
                 h.n_layer - sliding
             )
         };
+        let slots = match mm.batch {
+            1 => String::new(),
+            b => format!("{b} x "),
+        };
         println!(
-            "  KV cache     {:>12}  ({kv_type}: 2 x {positions} x {} kv heads x {} head dim x {} B)",
-            mib(mm.kv),
+            "  KV cache     {:>12}  ({slots}{kv_type}: 2 x {positions} x {} kv heads x {} head dim x {} B)",
+            mib(mm.kv.saturating_mul(mm.batch)),
             h.n_head_kv,
             h.head_dim,
             kv_type.bytes()
@@ -307,11 +349,17 @@ pub fn run(a: Args) -> CliResult {
             mib(mm.activations),
         );
         println!(
-            "  logits       {:>12}  (f32 x {} vocab)",
-            mib(mm.logits),
+            "  logits       {:>12}  ({slots}f32 x {} vocab)",
+            mib(mm.logits.saturating_mul(mm.batch)),
             h.n_vocab
         );
         println!("  total        {:>12}", mib(mm.total));
+        println!(
+            "  per extra batch slot {} (its KV cache {} + its logits {})",
+            mib(mm.per_extra_slot()),
+            mib(mm.kv),
+            mib(mm.logits)
+        );
     }
     if a.metadata {
         println!("metadata ({} keys):", m.len());
