@@ -26,7 +26,22 @@ fetch_source() {
     mkdir -p "$root"
     if [ ! -f "$src/CMakeLists.txt" ]; then
         log "downloading llama-cpp-python 0.3.36 sdist from PyPI"
-        python3 -m pip download --quiet --no-binary :all: --no-deps -d "$root" llama-cpp-python==0.3.36 >&2
+        # The file itself, checked against its pinned sha256: `pip download` of an sdist first
+        # prepares its metadata, which builds its build dependencies (cmake) from source.
+        python3 - "$root" <<'PY' >&2
+import hashlib, os, sys, urllib.request
+url = ("https://files.pythonhosted.org/packages/ec/e9/"
+       "e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz")
+want = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+dest = os.path.join(sys.argv[1], "llama_cpp_python-0.3.36.tar.gz")
+data = urllib.request.urlopen(url, timeout=300).read()
+got = hashlib.sha256(data).hexdigest()
+if got != want:
+    sys.exit(f"build-llamacpp: {url}: sha256 {got}, want {want}")
+with open(dest + ".part", "wb") as f:
+    f.write(data)
+os.replace(dest + ".part", dest)
+PY
         tar -xzf "$root/llama_cpp_python-0.3.36.tar.gz" -C "$root" 2>/dev/null || tar -xzf "$root"/llama_cpp_python-0.3.36.tar.gz -C "$root"
         # An `a && b` as a function's last command would make it fail under set -e.
         if [ -d "$root/llama_cpp_python-0.3.36" ]; then
