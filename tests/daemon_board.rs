@@ -52,7 +52,7 @@ fn a_context_the_boards_memory_cannot_hold_is_refused_at_start_with_the_numbers(
             "4 session(s) x {:.1} MiB at model.ctx {ctx}",
             kv as f64 / 1048576.0
         ),
-        format!("kv_type f16; {kv} bytes"),
+        format!("kv_type f16; {} bytes", 4 * kv),
         format!("memory budget of 1536.0 MiB ({budget} bytes"),
         "activations".to_owned(),
         "lower model.ctx".to_owned(),
@@ -84,20 +84,21 @@ fn resident_sessions_of_the_state_directory_count_against_the_budget() {
 fn a_batch_the_boards_memory_cannot_hold_is_refused_at_start_and_a_smaller_one_starts() {
     let m = model();
     let state = tempfile::tempdir().unwrap();
-    // ctx 16384: 360 MiB a session. One fits the Pi 4's 1536 MiB; four do not.
+    // ctx 20480: 450 MiB a session. One fits the Pi 4's 1536 MiB; four do not.
     let cfg = |batch: usize| {
         let p = state.path().join(format!("b{batch}.toml"));
         std::fs::write(
             &p,
-            format!("[model]\npath = \"{m}\"\nctx = 16384\nthreads = 1\nboard = \"rpi4b\"\nmax_batch = {batch}\n[mqtt]\nbroker = \"off\"\n"),
+            format!("[model]\npath = \"{m}\"\nctx = 20480\nthreads = 1\nboard = \"rpi4b\"\nmax_batch = {batch}\n[mqtt]\nbroker = \"off\"\n"),
         )
         .unwrap();
         p
     };
     let (code, log) = serve_exit(&["--config", cfg(4).to_str().unwrap()]);
     assert_eq!(code, Some(78), "{log}");
-    assert!(log.contains("4 session(s) x 360.0 MiB"), "{log}");
+    assert!(log.contains("4 session(s) x 450.0 MiB"), "{log}");
     assert!(log.contains("model.max_batch"), "{log}");
+    assert!(!log.contains("within the board's budget"), "{log}");
     let mut d = Daemon::start(&["--config", cfg(1).to_str().unwrap()], &[]);
     assert!(d.terminate(Duration::from_secs(20)).success());
 }

@@ -105,17 +105,18 @@ pub fn check_budget(
         .try_fold(0u64, |s, &x| s.checked_add(x))
         .ok_or_else(over)?;
     let budget = p.memory_budget();
-    tracing::info!(
-        board = %p.name,
-        weights_mib = f.weights >> 20,
-        kv_mib = kv >> 20,
-        arena_mib = f.arena >> 20,
-        budget_mib = budget >> 20,
-        "memory within the board's budget: {} of {}",
-        mib(total),
-        mib(budget)
-    );
     if total <= budget {
+        tracing::info!(
+            board = %p.name,
+            weights_mib = f.weights >> 20,
+            kv_mib = kv >> 20,
+            kv_sessions = sessions,
+            arena_mib = f.arena >> 20,
+            budget_mib = budget >> 20,
+            "memory within the board's budget: {} of {}",
+            mib(total),
+            mib(budget)
+        );
         return Ok(());
     }
     Err(format!(
