@@ -157,13 +157,9 @@ pub fn parse(text: &str) -> Result<Profile, String> {
             p.default_model
         ));
     }
-    if p.max_batch
-        .is_some_and(|b| b == 0 || b > crate::engine::MAX_BATCH)
-    {
-        return Err(format!(
-            "max_batch must be in 1..={}",
-            crate::engine::MAX_BATCH
-        ));
+    // The engine's bound (16) is checked where the daemon sizes the engine.
+    if p.max_batch == Some(0) {
+        return Err("max_batch must be positive".into());
     }
     let gbs_ok = p.bandwidth.gbs.is_finite() && p.bandwidth.gbs > 0.0;
     if p.threads == Some(0) || p.memory_budget_mib == 0 || !gbs_ok {

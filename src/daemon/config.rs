@@ -370,7 +370,7 @@ impl Config {
                 self.board()
                     .and_then(|b| b.max_batch)
                     .unwrap_or(sections::DEFAULT_MAX_BATCH)
-                    .clamp(1, self.model.chunk)
+                    .clamp(1, self.model.chunk.min(crate::engine::MAX_BATCH))
             }),
         }
     }
