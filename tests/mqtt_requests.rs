@@ -166,7 +166,8 @@ fn a_full_queue_answers_busy_at_once_and_the_accepted_requests_are_answered() {
 #[test]
 fn a_cancel_stops_a_running_answer_promptly_and_takes_a_waiting_one_out_of_the_queue() {
     let broker = Mosquitto::start();
-    let (d, _dir) = serve(broker.port, "", &[]);
+    // One answer at a time (a batch would take the second in at once, tests/service_batch.rs).
+    let (d, _dir) = serve(broker.port, "[model]\nmax_batch = 1\n", &[]);
     let mut sub = subscribe(
         broker.port,
         &format!("edgellm/{DEVICE}/response/+"),
