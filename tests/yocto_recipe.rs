@@ -10,6 +10,9 @@
 //! lock (tests/yocto_crates.rs), so it matches the pin's. `pin_problem` itself refuses a
 //! shallow clone rather than pass it.
 
+mod common;
+
+use common::sha256_hex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -189,14 +192,6 @@ fn lock_sha_of(recipe: &str) -> Result<String, String> {
             "want one '{prefix}<64 hex digits>' line, found {lines:?}"
         )),
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Whether `repo` has its whole history (a git repository, not a shallow clone).

@@ -464,9 +464,10 @@ impl TextStream {
         let alive = || shared.progress();
         let why = match send_text(channel, &self.text[start..], deadline, &alive) {
             Err(why) => why,
-            Ok(()) if channel.is_cancelled() => Stop::Cancelled,
-            Ok(()) if deadline.is_some_and(|d| Instant::now() >= d) => Stop::Deadline,
-            Ok(()) => return true,
+            Ok(()) => match TextStream::should_stop(channel, deadline) {
+                Some(why) => why,
+                None => return true,
+            },
         };
         self.stop = Some(why);
         false
