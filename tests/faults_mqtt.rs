@@ -18,8 +18,8 @@ const DEVICE: &str = "fault-dev";
 fn serve(port: u16, state: &Path) -> Daemon {
     // Room for every request the faults pile up (all come from one publisher, one source):
     // a busy answer would be an answer, but not the one this test counts.
-    let limits = "queue_depth = 512\nper_source = 512";
-    common::recovery::serve(port, DEVICE, state, limits, &[("EDGELLM_LOG", "info")])
+    let config = "[limits]\nqueue_depth = 512\nper_source = 512\n";
+    common::recovery::serve(port, DEVICE, state, config, &[("EDGELLM_LOG", "info")])
 }
 
 /// Request `id`: every third one continues a named session (`s0`..`s2`).

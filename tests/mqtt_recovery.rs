@@ -39,6 +39,12 @@ fn serve(port: u16, state: &Path, env: &[(&str, &str)]) -> Daemon {
     common::recovery::serve(port, DEVICE, state, "", env)
 }
 
+/// The daemon answering one request at a time: a request that arrives while another is
+/// answered waits in the queue instead of joining the batch.
+fn serve_one_at_a_time(port: u16, state: &Path, env: &[(&str, &str)]) -> Daemon {
+    common::recovery::serve(port, DEVICE, state, "[model]\nmax_batch = 1\n", env)
+}
+
 /// Every id has exactly one final message, and it is an answer (not an error).
 fn assert_once(finals: &BTreeMap<String, Vec<(String, Value)>>, ids: &[String], log: &str) {
     for id in ids {
@@ -171,8 +177,9 @@ fn an_answer_from_a_session_the_broker_forgot_does_not_acknowledge_a_newer_reque
     let mut broker = Broker::start(dir.path(), false);
     let state = dir.path().join("state");
     // Every answer waits 2 s before it starts: s0 is still on the worker when the broker
-    // comes back, and s1 still waiting for its turn when s0's answer goes out.
-    let d = serve(
+    // comes back, and s1 still waiting for its turn when s0's answer goes out (one at a time:
+    // in a batch s1 would start, and stall, beside s0).
+    let d = serve_one_at_a_time(
         broker.port,
         &state,
         &[("EDGELLM_TEST_HOOK", "stall_ms=2000")],

@@ -175,9 +175,9 @@ impl Drop for Collector {
 }
 
 /// `edgellm serve` as device `device` of the broker on `port`, on one thread with a context of
-/// 256, keeping its state in `state`; `limits`, when not empty, the lines of a `[limits]`
-/// section (the queue's bounds have no flags).
-pub fn serve(port: u16, device: &str, state: &Path, limits: &str, env: &[(&str, &str)]) -> Daemon {
+/// 256, keeping its state in `state`; `config`, when not empty, a configuration file's text
+/// for what has no flag (the queue's bounds, the batch).
+pub fn serve(port: u16, device: &str, state: &Path, config: &str, env: &[(&str, &str)]) -> Daemon {
     let b = format!("127.0.0.1:{port}");
     let m = super::model_path("q4_0").to_str().unwrap().to_owned();
     let s = state.to_str().unwrap().to_owned();
@@ -197,8 +197,8 @@ pub fn serve(port: u16, device: &str, state: &Path, limits: &str, env: &[(&str, 
         &s,
     ];
     let c = conf.to_str().unwrap().to_owned();
-    if !limits.is_empty() {
-        std::fs::write(&conf, format!("[limits]\n{limits}\n")).unwrap();
+    if !config.is_empty() {
+        std::fs::write(&conf, config).unwrap();
         args.extend(["--config", &c]);
     }
     Daemon::start(&args, env)
