@@ -1,8 +1,9 @@
-//! The audit trail of the running daemon: every answer and refusal over a real pty recorded,
-//! chained and verified; an edited, a removed and a cut entry found by `audit verify`; every
-//! answer replayed bit for bit on one and two threads, a restored session turn, a sampled
-//! answer and a sampled one under a choice constraint included; the chain continued across a restart; an entry without its texts refused
-//! by `replay` with the reason.
+//! The audit trail of the running daemon: every answer and refusal over a real pty recorded
+//! (a session name the port refused included), chained and verified; an edited, a removed and
+//! a cut entry found by `audit verify`; every answer replayed bit for bit on one and two
+//! threads, a restored session turn, a sampled answer and a sampled one under a choice
+//! constraint included; the chain continued across a restart; an entry without its texts
+//! refused by `replay` with the reason.
 
 mod common;
 
@@ -206,12 +207,22 @@ fn every_answer_is_recorded_chained_verified_and_replays_bit_for_bit() {
     let mut d = daemon(&p, &state, "");
     assert_eq!(p.ask("SET max_tokens=4", T), "OK max_tokens=4");
     ok_text(&p.ask("GEN Water boils at", T));
+    // Refused by the port before any queue: on the record with the name as sent.
+    let bad = p.ask("CHAT session=../etc hi", T);
+    assert!(bad.starts_with("ERR bad_request "), "{bad}");
     assert_eq!(d.terminate(T).code(), Some(0));
+    let e8 = show(&state, 8);
+    assert_eq!(
+        (&e8["kind"], &e8["session"], &e8["error"]["code"]),
+        (&"refused".into(), &"../etc".into(), &"bad_request".into()),
+        "{e8}"
+    );
+    assert_eq!(e8["source"], source.as_str());
     let e7 = show(&state, 7);
     assert!(e7["answer"].is_null() && e7["prompt_ids"].is_null(), "{e7}");
     assert!(e7["answer_sha256"].is_string());
     let v = audit(&["verify"], &state);
-    assert!(text(&v).contains("entries 1 to 7 verify"), "{}", text(&v));
+    assert!(text(&v).contains("entries 1 to 8 verify"), "{}", text(&v));
     let out = audit(&["replay", "7", "-m", &m], &state);
     assert!(!out.status.success());
     assert!(text(&out).contains("keeps only hashes"), "{}", text(&out));

@@ -68,11 +68,14 @@ fn still_serves(port: u16) {
 }
 
 /// A prompt with nothing to answer is refused `bad_request` at once, as the serial front ends
-/// refuse it, instead of the model answering the template's turn markers at length.
+/// refuse it, instead of the model answering the template's turn markers at length; so is a
+/// session name that cannot be one. Each refusal is in the audit trail, with its session name.
 #[test]
-fn an_empty_or_blank_prompt_is_refused_at_once() {
+fn an_empty_or_blank_prompt_or_a_bad_session_name_is_refused_at_once_and_recorded() {
     let broker = Mosquitto::start();
-    let (_d, _dir) = serve(broker.port, "", &[]);
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let (mut d, _dir) = serve(broker.port, "", &["--state-dir", sd]);
     let requests = [
         ("blank", r#""prompt":"   ""#),
         ("empty", r#""prompt":"""#),
@@ -82,6 +85,7 @@ fn an_empty_or_blank_prompt_is_refused_at_once() {
             r#""messages":[{"role":"system","content":" "},{"role":"user","content":"\n"}]"#,
         ),
         ("none", r#""messages":[]"#),
+        ("name", r#""prompt":"hi","session":"../etc""#),
     ];
     let sub = subscribe(
         broker.port,
@@ -100,9 +104,37 @@ fn an_empty_or_blank_prompt_is_refused_at_once() {
         let v = final_of(&replies, id);
         assert_eq!(v["error"]["code"], "bad_request", "{v}");
         let message = v["error"]["message"].as_str().unwrap();
-        assert!(message.contains("empty or only whitespace"), "{v}");
+        let why = if id == "name" {
+            "session name"
+        } else {
+            "empty or only whitespace"
+        };
+        assert!(message.contains(why), "{v}");
     }
     still_serves(broker.port);
+    assert_eq!(d.terminate(Duration::from_secs(30)).code(), Some(0));
+
+    let out = edgellm(&["audit", "list", "--json", "--state-dir", sd]);
+    assert!(out.status.success(), "{out:?}");
+    let listed: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let refused: Vec<&Value> = listed.iter().filter(|e| e["kind"] == "refused").collect();
+    let ids: Vec<&str> = refused.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, requests.map(|(id, _)| id), "{listed:?}");
+    for e in &refused {
+        assert_eq!(e["error"], "bad_request", "{e}");
+        // No response topic was given: the request topic names where it came from.
+        assert_eq!(e["source"], format!("mqtt:edgellm/{DEVICE}/request"), "{e}");
+    }
+    assert_eq!(refused[5]["session"], "../etc", "{:?}", refused[5]);
+    assert_eq!(
+        listed.len(),
+        refused.len() + 1,
+        "and the answer: {listed:?}"
+    );
 }
 
 #[test]

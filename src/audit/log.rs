@@ -6,7 +6,7 @@
 use super::read::{self, Segment};
 use super::{AuditConfig, AuditError, EngineFacts, Entry, GENESIS, ModelFacts};
 use crate::engine::EngineConfig;
-use crate::service::{Event, Health, Recorder, Request};
+use crate::service::{Event, Health, Recorder, Refusal, Request};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
@@ -205,20 +205,24 @@ impl AuditLog {
     }
 }
 
-impl Recorder for AuditLog {
-    fn record(&mut self, req: &Request, end: &Event, engine: &EngineConfig, kernels: &'static str) {
+impl AuditLog {
+    fn facts(&mut self, engine: &EngineConfig, kernels: &'static str) -> EngineFacts {
         if self.model.sha256.is_empty() {
             // Hashed since start in the background; an answer is seconds, the hash less.
             self.model.sha256 = self.model_sha256.wait().clone();
         }
-        let facts = EngineFacts {
+        EngineFacts {
             kernels: kernels.to_owned(),
             threads: engine.threads,
             ctx: engine.n_ctx,
             chunk: engine.chunk,
             kv_type: engine.kv_type,
-        };
-        let entry = super::entry_of(req, end, &self.model, facts, self.cfg.texts);
+        }
+    }
+
+    /// Appends `entry`; a failure costs the record, not the service.
+    fn write(&mut self, entry: super::Entry) {
+        let id = entry.id.clone();
         match self.append(entry) {
             Ok(()) => {
                 self.state.written.fetch_add(1, Ordering::Relaxed);
@@ -230,9 +234,27 @@ impl Recorder for AuditLog {
                 // The answer still goes out: a full disk costs the record, not the service.
                 let msg = e.to_string();
                 if self.state.health.failed(msg.clone()) {
-                    tracing::error!(request = req.id, "audit trail: entry not written: {msg}");
+                    tracing::error!(request = id, "audit trail: entry not written: {msg}");
                 }
             }
         }
+    }
+}
+
+impl Recorder for AuditLog {
+    fn record(&mut self, req: &Request, end: &Event, engine: &EngineConfig, kernels: &'static str) {
+        let facts = self.facts(engine, kernels);
+        self.write(super::entry_of(
+            req,
+            end,
+            &self.model,
+            facts,
+            self.cfg.texts,
+        ));
+    }
+
+    fn refused(&mut self, r: &Refusal, engine: &EngineConfig, kernels: &'static str) {
+        let facts = self.facts(engine, kernels);
+        self.write(super::entry_of_refusal(r, &self.model, facts));
     }
 }

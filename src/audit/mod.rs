@@ -138,8 +138,10 @@ pub struct Entry {
     pub error: Option<ServiceError>,
     pub usage: Usage,
     pub truncated_tokens: usize,
-    /// SHA-256 of the request's content: the compact JSON of [`content`].
-    pub prompt_sha256: String,
+    /// SHA-256 of the request's content: the compact JSON of [`content`]. None for a request
+    /// refused before it was read whole (a front end's refusal: [`entry_of_refusal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_sha256: Option<String>,
     /// SHA-256 of the prompt ids as the model saw them (u32 little-endian each).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_ids_sha256: Option<String>,
@@ -291,7 +293,7 @@ pub fn entry_of(
         error: None,
         usage: Usage::default(),
         truncated_tokens: 0,
-        prompt_sha256,
+        prompt_sha256: Some(prompt_sha256),
         prompt_ids_sha256: None,
         answer_sha256: None,
         answer_ids_sha256: None,
@@ -327,6 +329,44 @@ pub fn entry_of(
         }
     }
     e
+}
+
+/// The entry of a request refused before the queue: its id, source, the session it named and
+/// the error; no content (it may not have been read whole), default settings, nothing
+/// generated.
+pub fn entry_of_refusal(
+    r: &crate::service::Refusal,
+    model: &ModelFacts,
+    engine: EngineFacts,
+) -> Entry {
+    Entry {
+        seq: 0,
+        prev: String::new(),
+        time: String::new(),
+        kind: Kind::Refused,
+        id: r.id.clone(),
+        source: r.source.clone(),
+        session: r.session.clone(),
+        turn: None,
+        format: None,
+        model: model.clone(),
+        engine,
+        sampling: SamplingParams::default(),
+        max_tokens: 0,
+        finish: None,
+        error: Some(r.error.clone()),
+        usage: Usage::default(),
+        truncated_tokens: 0,
+        prompt_sha256: None,
+        prompt_ids_sha256: None,
+        answer_sha256: None,
+        answer_ids_sha256: None,
+        tail_cut: None,
+        request: None,
+        prompt_ids: None,
+        answer: None,
+        answer_ids: None,
+    }
 }
 
 /// `t` as RFC 3339 in UTC with milliseconds (`2026-12-01T23:59:07.042Z`).

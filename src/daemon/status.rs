@@ -217,6 +217,7 @@ impl StatusBoard {
                 "last_seq": a.seq.load(Ordering::Relaxed),
                 "written": a.written.load(Ordering::Relaxed),
                 "failures": a.health.failures(),
+                "unrecorded_refusals": n(&c.unrecorded_refusals),
             })),
         })
         .to_string()

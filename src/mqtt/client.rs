@@ -186,6 +186,7 @@ impl Executor<'_> {
                         c.cancel();
                     }
                 }
+                Action::Refused(r) => self.service.refused(r),
                 a @ (Action::Publish(_) | Action::Ack(_) | Action::Final { .. }) => out.push(a),
             }
         }
@@ -463,7 +464,11 @@ impl Publisher {
                 true
             }
             // The polling loop's own: never sent here.
-            Action::Subscribe(_) | Action::Ready | Action::Submit(..) | Action::Cancel(_) => true,
+            Action::Subscribe(_)
+            | Action::Ready
+            | Action::Submit(..)
+            | Action::Cancel(_)
+            | Action::Refused(_) => true,
         }
     }
 

@@ -273,6 +273,8 @@ pub struct Parsed {
 #[derive(Debug, PartialEq)]
 pub struct Refused {
     pub id: Option<String>,
+    /// The session the request named, as sent, when it was read.
+    pub session: Option<String>,
     pub error: ServiceError,
 }
 
@@ -297,6 +299,7 @@ pub fn parse_request(
 ) -> Result<Parsed, Refused> {
     let refuse = |id: Option<String>, code, msg: String| Refused {
         id,
+        session: None,
         error: ServiceError::new(code, msg),
     };
     if payload.len() > limits.max_payload {
@@ -338,7 +341,13 @@ pub fn parse_request(
     let (id, generated_id) = match wire.id {
         Some(id) => match check_id(&id, &ID_RESERVED) {
             Ok(()) => (id, false),
-            Err(error) => return Err(Refused { id: None, error }),
+            Err(error) => {
+                return Err(Refused {
+                    id: None,
+                    session: None,
+                    error,
+                });
+            }
         },
         None => (fresh_id(), true),
     };
@@ -362,14 +371,25 @@ pub fn parse_request(
     };
     let session = match wire.session {
         None => None,
-        Some(_) if origin == Origin::Fleet => {
-            return Err(bad(
-                "a fleet request cannot name a session (any device may answer it): send it to \
-                 the device's own request topic"
-                    .into(),
-            ));
+        Some(s) if origin == Origin::Fleet => {
+            return Err(Refused {
+                session: Some(s),
+                ..bad(
+                    "a fleet request cannot name a session (any device may answer it): send it \
+                     to the device's own request topic"
+                        .into(),
+                )
+            });
         }
-        Some(s) => Some(SessionId::parse(&s).map_err(|e| bad(e.to_string()))?),
+        Some(s) => match SessionId::parse(&s) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                return Err(Refused {
+                    session: Some(s),
+                    ..bad(e.to_string())
+                });
+            }
+        },
     };
     let max_tokens = wire.max_tokens.unwrap_or(limits.max_tokens.min(256));
     if max_tokens == 0 || max_tokens > limits.max_tokens {

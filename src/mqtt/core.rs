@@ -27,7 +27,7 @@ use super::ack_order::{AckOrder, Slot};
 use super::contract::{self, Limits, Origin, Topics};
 use super::journal::{self, Answer, Key};
 use super::link::Props;
-use crate::service::{Event, Request, ServiceError};
+use crate::service::{Event, Refusal, Request, ServiceError};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -78,6 +78,9 @@ pub enum Action<A> {
     Submit(u64, Box<Request>),
     /// Cancel the request of this token.
     Cancel(u64),
+    /// Tell the service of a request refused here, for the audit trail
+    /// ([`Handle::refused`](crate::service::Handle::refused)).
+    Refused(Refusal),
     Publish(Publish),
     Ack(A),
     /// A request's final message: write `answer` to the journal under `key` (synced), then
@@ -274,9 +277,21 @@ impl<A: Clone> Core<A> {
                 // An unreadable id gets the answer on the response topic, or a shared error
                 // topic.
                 req.topic = reply_to(if id.is_empty() { "error" } else { &id });
+                // A refusal with an id the service can carry is on the record; one without
+                // (unreadable JSON, a bad id) is a message, not yet a request.
+                let record = refused.id.as_ref().map(|id| {
+                    let r = Refusal::new(id, &source, refused.error.clone());
+                    match &refused.session {
+                        Some(s) => Action::Refused(r.with_session(s)),
+                        None => Action::Refused(r),
+                    }
+                });
                 req.id = id;
                 self.requests.insert(token, req);
-                vec![self.finish(token, body)]
+                record
+                    .into_iter()
+                    .chain([self.finish(token, body)])
+                    .collect()
             }
             Ok(p) => {
                 req.id = p.request.id.clone();

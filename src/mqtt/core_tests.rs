@@ -111,6 +111,16 @@ fn final_of(actions: Vec<Action<u16>>) -> (u64, Key, Answer) {
     }
 }
 
+/// The refusal told to the service, and the answer of the `Final` after it.
+fn refused_of(actions: Vec<Action<u16>>) -> (Refusal, u64, Answer) {
+    match actions.as_slice() {
+        [Action::Refused(r), Action::Final { token, answer, .. }] => {
+            (r.clone(), *token, answer.clone())
+        }
+        other => panic!("expected a refusal and its final message, got {other:?}"),
+    }
+}
+
 fn json(payload: &[u8]) -> serde_json::Value {
     serde_json::from_slice(payload).unwrap()
 }
@@ -300,14 +310,21 @@ fn a_message_on_a_topic_we_did_not_subscribe_to_is_acknowledged_and_ignored() {
 #[test]
 fn a_malformed_request_is_answered_with_its_error_journaled_then_acknowledged() {
     let (mut c, mut env) = (device(), MemEnv::new());
-    let (t, _, answer) = final_of(c.on_publish(request(r#"{"id":"r1","prompt":1}"#, 3), &mut env));
+    let (r, t, answer) =
+        refused_of(c.on_publish(request(r#"{"id":"r1","prompt":1}"#, 3), &mut env));
     let v = json(&answer.payload);
     assert_eq!(
         (v["id"].as_str(), v["error"]["code"].as_str()),
         (Some("r1"), Some("bad_request"))
     );
+    // The service is told, for the audit trail: the id, who sent it, the error answered.
+    assert_eq!(
+        (r.id.as_str(), r.source.as_str(), r.session, r.error.code),
+        ("r1", "mqtt:client/7/answers", None, ErrorCode::BadRequest)
+    );
     assert!(matches!(c.on_published(t).as_slice(), [Action::Ack(3)]));
-    // Without a readable id and without a response topic: the device's shared error topic.
+    // Without a readable id and without a response topic: the device's shared error topic,
+    // and nothing to record (a message, not yet a request).
     let mut d = request("not json", 4);
     d.response_topic = None;
     let (_, _, answer) = final_of(c.on_publish(d, &mut env));
@@ -339,10 +356,24 @@ fn a_fleet_request_is_taken_from_the_shared_topic_and_cannot_name_a_session() {
     let (mut c, mut env) = (Core::new(topics(), Role::Fleet), MemEnv::new());
     let mut d = request(r#"{"id":"f1","prompt":"hi","session":"s"}"#, 2);
     d.topic = "edgellm/fleet/request".into();
-    let (_, _, answer) = final_of(c.on_publish(d.clone(), &mut env));
+    let (r, _, answer) = refused_of(c.on_publish(d.clone(), &mut env));
     assert_eq!(json(&answer.payload)["error"]["code"], "bad_request");
+    assert_eq!((r.id.as_str(), r.session.as_deref()), ("f1", Some("s")));
     d.payload = Bytes::from_static(br#"{"id":"f2","prompt":"hi"}"#);
     submitted(c.on_publish(d, &mut env));
+}
+
+#[test]
+fn a_session_name_that_cannot_be_used_is_refused_and_told_with_the_name_as_sent() {
+    let (mut c, mut env) = (device(), MemEnv::new());
+    let d = request(r#"{"id":"s1","prompt":"hi","session":"line 3/pump"}"#, 5);
+    let (r, t, answer) = refused_of(c.on_publish(d, &mut env));
+    assert_eq!(json(&answer.payload)["error"]["code"], "bad_request");
+    assert_eq!(
+        (r.id.as_str(), r.session.as_deref(), r.error.code),
+        ("s1", Some("line 3/pump"), ErrorCode::BadRequest)
+    );
+    assert!(matches!(c.on_published(t).as_slice(), [Action::Ack(5)]));
 }
 
 #[test]

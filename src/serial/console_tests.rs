@@ -394,6 +394,8 @@ fn slash_session_makes_messages_continue_it_and_reset_and_history_act_on_it() {
     assert!(e.submitted.is_empty());
     c.on_bytes(b"/session ../x\r", &mut e);
     assert!(e.take().contains("error: "), "a bad name is refused");
+    assert_eq!(e.refusals.len(), 1, "and told to the audit trail");
+    assert_eq!(e.refusals[0].session.as_deref(), Some("../x"));
     c.on_bytes(b"/session shift-a\r", &mut e);
     assert!(
         e.take()

@@ -8,7 +8,7 @@
 //! behind the first one unseen.
 
 use super::stats::Count;
-use crate::service::{Event, Request, ServiceError};
+use crate::service::{Event, Refusal, Request, ServiceError};
 use std::time::Instant;
 
 /// What a core may read of the daemon for a status command.
@@ -56,6 +56,9 @@ pub trait Env {
     /// [`Core::on_event`]; `Err` is a refusal at once (queue full, bad request) and no event
     /// follows.
     fn submit(&mut self, req: Request) -> Result<(), ServiceError>;
+    /// A request this core refused itself (a session name it cannot use), for the audit
+    /// trail; the core answers the port as usual.
+    fn refused(&mut self, r: Refusal);
     /// Cancels this port's request, if one runs or waits: it ends with finish reason (or
     /// error) `cancelled`, through `on_event` as usual.
     fn cancel(&mut self);
@@ -96,6 +99,8 @@ pub trait Core: Send {
 pub struct MemEnv {
     pub out: Vec<u8>,
     pub submitted: Vec<Request>,
+    /// What the core refused itself ([`Env::refused`]).
+    pub refusals: Vec<Refusal>,
     /// Refuse the next submissions with this error.
     pub refuse: Option<ServiceError>,
     pub cancels: usize,
@@ -128,6 +133,9 @@ impl Env for MemEnv {
         crate::service::check(&req)?;
         self.submitted.push(req);
         Ok(())
+    }
+    fn refused(&mut self, r: Refusal) {
+        self.refusals.push(r);
     }
     fn cancel(&mut self) {
         self.cancels += 1;

@@ -10,7 +10,7 @@
 use super::core::{Core, Env, StatusView};
 use super::port::{PathWatch, Port, Settings};
 use super::stats::{Count, PortState, PortStats};
-use crate::service::{Canceller, Event, Handle, Request, ServiceError, Ticket};
+use crate::service::{Canceller, Event, Handle, Refusal, Request, ServiceError, Ticket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -236,6 +236,10 @@ impl Env for PortEnv {
         self.cancel = Some(t.canceller());
         self.submitted = Some(t);
         Ok(())
+    }
+
+    fn refused(&mut self, r: Refusal) {
+        self.ctx.handle.refused(r);
     }
 
     fn cancel(&mut self) {

@@ -18,7 +18,7 @@
 use super::core::{Core, Env};
 use super::stats::Count;
 use crate::engine::store::SessionId;
-use crate::service::{Event, FinishReason, Format, Prompt, Request, ServiceError, Shape};
+use crate::service::{Event, FinishReason, Format, Prompt, Refusal, Request, ServiceError, Shape};
 use crate::tokenizer::ChatMessage;
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,25 +191,32 @@ impl LineCore {
                     },
                     None => (None, rest),
                 };
-                let session = match session.map(SessionId::parse).transpose() {
-                    Ok(s) => s,
-                    Err(e) => return reply(env, checksum, "ERR bad_request ", &e.to_string()),
+                let session = match session {
+                    None => None,
+                    Some(name) => match session_id(name, checksum, env) {
+                        Some(id) => Some(id),
+                        None => return,
+                    },
                 };
                 let p = Prompt::Chat(vec![ChatMessage::new("user", msg)]);
                 self.submit(p, session, None, checksum, env)
             }
             // `RESET pump-3` or, as CHAT names it, `RESET session=pump-3` (HISTORY alike).
-            "RESET" => match SessionId::parse(rest.strip_prefix("session=").unwrap_or(rest)) {
-                Ok(id) => {
+            "RESET" => {
+                if let Some(id) =
+                    session_id(rest.strip_prefix("session=").unwrap_or(rest), checksum, env)
+                {
                     let name = id.as_str().to_owned();
                     self.submit(Prompt::Forget, Some(id), Some(name), checksum, env)
                 }
-                Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
-            },
-            "HISTORY" => match SessionId::parse(rest.strip_prefix("session=").unwrap_or(rest)) {
-                Ok(id) => self.submit(Prompt::History, Some(id), None, checksum, env),
-                Err(e) => reply(env, checksum, "ERR bad_request ", &e.to_string()),
-            },
+            }
+            "HISTORY" => {
+                if let Some(id) =
+                    session_id(rest.strip_prefix("session=").unwrap_or(rest), checksum, env)
+                {
+                    self.submit(Prompt::History, Some(id), None, checksum, env)
+                }
+            }
             _ => {
                 env.count(Count::BadInput);
                 let w: String = word.chars().take(32).collect();
@@ -431,6 +438,21 @@ fn error(env: &mut dyn Env, checksum: bool, e: &ServiceError) {
         &format!("ERR {} ", e.code.as_str()),
         &escape(&e.message),
     );
+}
+
+/// The session `name` names; `None` when it cannot be one, refused on the port and told to
+/// the audit trail.
+fn session_id(name: &str, checksum: bool, env: &mut dyn Env) -> Option<SessionId> {
+    match SessionId::parse(name) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            let e = ServiceError::new(crate::service::ErrorCode::BadRequest, e.to_string());
+            let id = env.new_id();
+            env.refused(Refusal::new(&id, env.source(), e.clone()).with_session(name));
+            reply(env, checksum, "ERR bad_request ", &e.message);
+            None
+        }
+    }
 }
 
 /// Writes `head` + `text` escaped, the checksum when asked, and CR LF.

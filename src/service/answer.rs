@@ -139,10 +139,18 @@ impl Worker {
     }
 
     /// The next job, now running; waits (asleep) for one when `wait`, else `None` when the
-    /// queue is empty. `None` too once the service is closed.
-    pub(super) fn next(&self, wait: bool) -> Option<Job> {
+    /// queue is empty. `None` too once the service is closed. Records the refusals told
+    /// meanwhile ([`Handle::refused`](super::Handle::refused)) first.
+    pub(super) fn next(&mut self, wait: bool) -> Option<Job> {
         let mut st = self.shared.lock();
         loop {
+            if !st.refusals.is_empty() {
+                let refusals = st.refusals.take();
+                drop(st);
+                self.record_refusals(&refusals);
+                st = self.shared.lock();
+                continue;
+            }
             if st.closed {
                 return None;
             }
@@ -159,6 +167,13 @@ impl Worker {
                 return None;
             }
             st = self.shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn record_refusals(&mut self, refusals: &[super::Refusal]) {
+        let Some(r) = &mut self.recorder else { return };
+        for refusal in refusals {
+            r.refused(refusal, self.engine.config(), self.engine.kernels().name());
         }
     }
 

@@ -26,10 +26,12 @@ mod batch;
 pub mod conversation;
 pub mod prompt;
 pub mod queue;
+pub mod refusal;
 pub mod ticket;
 pub mod worker;
 
 pub use conversation::{ContextFull, ConversationBounds};
+pub use refusal::Refusal;
 pub use ticket::{Canceller, Ticket};
 pub use worker::{Handle, Service, ServiceConfig, Sessions};
 
@@ -196,6 +198,9 @@ pub trait Recorder: Send {
     /// `end` is the request's last event (`Done` or `Error`); `engine` and `kernels` are those
     /// that answered it.
     fn record(&mut self, req: &Request, end: &Event, engine: &EngineConfig, kernels: &'static str);
+    /// A request refused before the queue ([`Handle::refused`]), told after its refusal went
+    /// out.
+    fn refused(&mut self, r: &Refusal, engine: &EngineConfig, kernels: &'static str);
 }
 
 /// Whether a kind of write the appliance keeps doing (session saves, the answer journal, the

@@ -9,6 +9,7 @@
 
 use super::answer::{OpenSessions, Worker};
 use super::queue::{FairQueue, Full};
+use super::refusal::{Inbox, Refusal};
 use super::ticket::{Channel, Ticket};
 use super::{ErrorCode, Event, FormatLimits, Recorder, Request, ServiceError, Shape};
 use crate::engine::Engine;
@@ -93,6 +94,8 @@ pub(super) struct State {
     /// each one's id and its ticket's channel.
     pub(super) running: Vec<(String, Arc<Channel>)>,
     pub(super) closed: bool,
+    /// Requests refused before the queue, for the worker to record.
+    pub(super) refusals: Inbox,
 }
 
 /// Counters since start, for a status report.
@@ -105,6 +108,9 @@ pub struct Counters {
     pub cancelled: AtomicU64,
     /// Decoding steps that advanced several answers at once.
     pub batched_steps: AtomicU64,
+    /// Refusals the audit trail did not record: more came than its bounds take
+    /// ([`refusal`](super::refusal)).
+    pub unrecorded_refusals: AtomicU64,
     /// Decode tokens/s of the last answer (`f64` bits).
     pub last_tps: AtomicU64,
     /// Session saves to the state directory (a full or read-only disk shows here).
@@ -137,6 +143,8 @@ pub(super) struct Shared {
     pub(super) max_prompt_bytes: AtomicUsize,
     /// Events a ticket holds before the worker waits for its reader.
     ticket_capacity: usize,
+    /// The worker records what it ends (an audit trail): refusals are worth telling it.
+    recording: bool,
 }
 
 impl Shared {
@@ -190,7 +198,14 @@ impl Handle {
     /// or the prompt fails [`check`](super::check) (`bad_request`), or the service has stopped
     /// (`cancelled`).
     pub fn submit(&self, req: Request) -> Result<Ticket, ServiceError> {
-        super::check(&req)?;
+        if let Err(e) = super::check(&req) {
+            let mut r = Refusal::new(&req.id, &req.source, e.clone());
+            if let Some(s) = &req.session {
+                r = r.with_session(s.as_str());
+            }
+            self.refused(r);
+            return Err(e);
+        }
         let channel = Channel::new(self.shared.ticket_capacity);
         let id = req.id.clone();
         let source = req.source.clone();
@@ -226,6 +241,34 @@ impl Handle {
                     }
                 };
                 Err(ServiceError::new(ErrorCode::Busy, message))
+            }
+        }
+    }
+
+    /// A request refused before the queue, by a front end or by [`Handle::submit`], for the
+    /// audit trail: the worker records it within a decoding step. Bounded in count and rate
+    /// (`refusal.rs`); what the bounds drop is counted in
+    /// [`Counters::unrecorded_refusals`]. Nothing happens without a trail.
+    pub fn refused(&self, r: Refusal) {
+        if !self.shared.recording {
+            return;
+        }
+        let kept = self.shared.lock().refusals.push(r, Instant::now());
+        if kept {
+            self.shared.wake.notify_all();
+        } else {
+            let n = self
+                .shared
+                .counters
+                .unrecorded_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            if n == 0 {
+                tracing::warn!(
+                    "refusals come faster than the audit trail records them ({} a second, \
+                     {} waiting): the rest are counted, not recorded",
+                    super::refusal::PER_SECOND,
+                    super::refusal::MAX_PENDING
+                );
             }
         }
     }
@@ -366,6 +409,7 @@ impl Service {
                 queue: FairQueue::new(cfg.queue_depth, cfg.per_source),
                 running: Vec::new(),
                 closed: false,
+                refusals: Inbox::default(),
             }),
             wake: Condvar::new(),
             counters: Counters::default(),
@@ -375,6 +419,7 @@ impl Service {
             busy: AtomicBool::new(false),
             max_prompt_bytes: AtomicUsize::new(cfg.max_prompt_bytes),
             ticket_capacity: cfg.ticket_capacity,
+            recording: recorder.is_some(),
         });
         let mut worker = Worker {
             engine,

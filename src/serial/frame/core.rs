@@ -19,7 +19,10 @@ use super::{
 use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{ErrorCode, Event, FinishReason, Format, Prompt, Request, valid_format_name};
+use crate::service::{
+    ErrorCode, Event, FinishReason, Format, Prompt, Refusal, Request, ServiceError,
+    valid_format_name,
+};
 use crate::tokenizer::ChatMessage;
 use crc::{CRC_32_ISO_HDLC, Crc};
 use std::time::Instant;
@@ -228,9 +231,17 @@ impl FrameCore {
                     n if n > self.cfg.max_tokens => {
                         env.count(Count::BadInput);
                         let why = format!("max_tokens is at most {}", self.cfg.max_tokens);
-                        return refuse(env, seq, ErrorCode::TooLarge, &why);
+                        return refused(env, seq, ErrorCode::TooLarge, &why, session);
                     }
                     n => n,
+                };
+                let session = match session.map(SessionId::parse).transpose() {
+                    Ok(s) => s,
+                    Err(_) => {
+                        env.count(Count::BadInput);
+                        let why = "the session name is not a valid name";
+                        return refused(env, seq, ErrorCode::BadRequest, why, session);
+                    }
                 };
                 let mut req = Request::new(env.new_id(), env.source(), prompt);
                 req.session = session;
@@ -243,7 +254,7 @@ impl FrameCore {
             }
             Err(why) => {
                 env.count(Count::BadInput);
-                return refuse(env, seq, ErrorCode::BadRequest, why);
+                return refused(env, seq, ErrorCode::BadRequest, why, None);
             }
         };
         if let Err(e) = env.submit(req) {
@@ -505,6 +516,18 @@ fn send(env: &mut dyn Env, seq: u8, k: u8, payload: &[u8]) {
     env.write(&codec::encode(seq, k, payload));
 }
 
+/// Refuses a REQUEST frame the master sent whole (its CRC good): answered as [`refuse`], and
+/// told to the audit trail with the session it named.
+fn refused(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str, session: Option<&str>) {
+    let id = env.new_id();
+    let mut r = Refusal::new(&id, env.source(), ServiceError::new(code, message));
+    if let Some(s) = session {
+        r = r.with_session(s);
+    }
+    env.refused(r);
+    refuse(env, seq, code, message);
+}
+
 /// An ERROR frame refusing a request at once: not part of any answer, not kept.
 fn refuse(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str) {
     let mut p = heapless::Vec::<u8, MIN_PAYLOAD>::new();
@@ -519,7 +542,8 @@ fn refuse(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str) {
 struct Parsed<'a> {
     flags: u8,
     max_tokens: u16,
-    session: Option<SessionId>,
+    /// As sent: the caller checks it, so that a refusal can name it.
+    session: Option<&'a str>,
     format: Option<&'a str>,
     text: &'a str,
 }
@@ -538,8 +562,7 @@ fn parse_request(p: &[u8]) -> Result<Parsed<'_>, &'static str> {
         let (name, rest) =
             counted(rest).ok_or("the session name is missing or past the payload")?;
         let name = std::str::from_utf8(name).map_err(|_| "the session name is not valid UTF-8")?;
-        let id = SessionId::parse(name).map_err(|_| "the session name is not a valid name")?;
-        (Some(id), rest)
+        (Some(name), rest)
     } else {
         (None, rest)
     };

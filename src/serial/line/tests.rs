@@ -130,6 +130,16 @@ fn chat_takes_a_session_and_the_system_prompt_set_before() {
     let r = send(&mut c, &mut env, "CHAT session=../etc x\n");
     assert!(r.starts_with("ERR bad_request session name"), "{r}");
     assert_eq!(env.submitted.len(), 2);
+    // Refused here, and told to the audit trail with the name as sent.
+    let [refusal] = env.refusals.as_slice() else {
+        panic!("one refusal told: {:?}", env.refusals)
+    };
+    assert_eq!(
+        (refusal.source.as_str(), refusal.session.as_deref()),
+        ("serial:test", Some("../etc"))
+    );
+    assert_eq!(refusal.error.code, crate::service::ErrorCode::BadRequest);
+    assert!(refusal.id.starts_with("serial-test-"), "{refusal:?}");
 }
 
 #[test]
@@ -280,6 +290,8 @@ fn reset_forgets_a_named_session_through_the_queue() {
     c.on_event(done(FinishReason::Eog, ""), &mut env);
     assert_eq!(env.take(), "OK RESET pump-3\r\n");
     assert!(send(&mut c, &mut env, "RESET a/b\n").starts_with("ERR bad_request"));
+    assert_eq!(env.refusals.len(), 1);
+    assert_eq!(env.refusals[0].session.as_deref(), Some("a/b"));
     // As CHAT names a session too.
     send(&mut c, &mut env, "RESET session=pump-4\n");
     assert_eq!(
@@ -303,6 +315,8 @@ fn history_answers_a_named_sessions_conversation_through_the_queue() {
         assert_eq!(env.take(), "OK user: Hi\r\n");
     }
     assert!(send(&mut c, &mut env, "HISTORY\n").starts_with("ERR bad_request"));
+    assert_eq!(env.refusals.len(), 1);
+    assert_eq!(env.refusals[0].session, None, "no name was given");
 }
 
 #[test]

@@ -444,6 +444,13 @@ fn the_session_flag_names_a_session_and_reset_and_history_act_on_it() {
         assert_eq!(error_of(&got[0]).1, 1, "bad_request: {got:?}");
     }
     assert_eq!(e.submitted.len(), 3);
+    // Each told to the audit trail; the bad name as sent.
+    assert_eq!(e.refusals.len(), 5);
+    assert_eq!(e.refusals[1].session.as_deref(), Some("../x"));
+    assert_eq!(
+        e.refusals[0].session, None,
+        "a name past the payload was never read"
+    );
 }
 
 /// A core whose frames hold a 64-byte name and a session name besides.
