@@ -118,7 +118,8 @@ fn the_broker_stopped_mid_answer_and_started_again_loses_nothing_and_doubles_not
         &format!("edgellm/{DEVICE}/response/+"),
         Some("recovery-collector"),
     );
-    let d = serve(broker.port, &state, &[]);
+    // One at a time, so that requests wait in the queue while the first is answered.
+    let d = serve_one_at_a_time(broker.port, &state, &[]);
     let all = ids("b", 5);
     let topic = format!("edgellm/{DEVICE}/request");
     publish_lines(broker.port, &topic, &requests(&all[..4], 48));
