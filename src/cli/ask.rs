@@ -38,7 +38,8 @@ with no answer within --timeout, and over the ok answers p50/p99 of the queue wa
 (timings.queue_ms), of the time to first chunk seen here (publish to first chunk), of the
 daemon's time to first token (timings.ttft_ms) and of the overhead (the time to first chunk
 minus the queue wait and the time to first token: the broker both ways, the daemon's I/O,
-this client), then completion tokens per second of wall time and the mean of the answers'
+this client) and of the time between an answer's chunks (what a reader of the stream sees
+between tokens), then completion tokens per second of wall time and the mean of the answers'
 decode tokens/s. --json prints the summary as one JSON object. All requests share one
 response topic, so the daemon counts them as one client (limits.per_source caps how many of
 them wait). Exit status 0 once the

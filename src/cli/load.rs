@@ -8,7 +8,9 @@
 //! in [`run`] only connects, publishes and feeds the tracker.
 //!
 //! The client's time to first chunk runs from the publish call to the first streamed chunk of
-//! the answer. The daemon reports, in the final message, how long the request waited in its
+//! the answer; the time between chunks, from one streamed chunk of an answer to its next (a
+//! chunk is one token's text unless this client or the broker falls behind and the daemon
+//! joins several): what a reader of the stream sees between tokens. The daemon reports, in the final message, how long the request waited in its
 //! queue (`timings.queue_ms`, from arrival to the worker) and how long the worker took to the
 //! first token (`timings.ttft_ms`); what is left of the client's figure is the overhead: the
 //! broker both ways, the daemon's parsing and publishing, and this client's own processing.
@@ -27,6 +29,8 @@ use std::time::{Duration, Instant};
 pub const MAX_REPEAT: u32 = 100_000;
 /// Most requests in flight at once; more only measures the daemon's `busy` answers.
 pub const MAX_CONCURRENCY: u32 = 256;
+/// Most times between chunks one run keeps (8 MiB); later answers' are not measured.
+pub const MAX_GAPS: usize = 1 << 20;
 
 /// Where the daemon is.
 pub struct Target {
@@ -77,6 +81,9 @@ pub struct Answer {
 struct InFlight {
     sent: Instant,
     first_chunk: Option<Instant>,
+    last_chunk: Option<Instant>,
+    /// Milliseconds between this answer's chunks, kept once it is answered.
+    gaps_ms: Vec<f64>,
     next_seq: u64,
 }
 
@@ -88,6 +95,8 @@ pub struct Tracker {
     /// requests already finished are dropped when they reach the front.
     deadlines: VecDeque<(Instant, Bytes)>,
     pub outcomes: Vec<Outcome>,
+    /// Milliseconds between the chunks of the answered requests (at most [`MAX_GAPS`]).
+    pub gaps_ms: Vec<f64>,
 }
 
 impl Tracker {
@@ -97,6 +106,7 @@ impl Tracker {
             pending: HashMap::new(),
             deadlines: VecDeque::new(),
             outcomes: Vec::new(),
+            gaps_ms: Vec::new(),
         }
     }
 
@@ -110,6 +120,8 @@ impl Tracker {
         let f = InFlight {
             sent: now,
             first_chunk: None,
+            last_chunk: None,
+            gaps_ms: Vec::new(),
             next_seq: 0,
         };
         self.pending.insert(key, f);
@@ -161,9 +173,16 @@ impl Tracker {
             Ok(Reply::Chunk(_)) => {
                 f.next_seq += 1;
                 f.first_chunk.get_or_insert(now);
+                if let Some(last) = f.last_chunk.replace(now) {
+                    f.gaps_ms.push(ms(now.saturating_duration_since(last)));
+                }
                 return;
             }
-            Ok(Reply::Final(a)) => Outcome::Answered(answer_of(&a, f, now)),
+            Ok(Reply::Final(a)) => {
+                let room = MAX_GAPS - self.gaps_ms.len();
+                self.gaps_ms.extend(f.gaps_ms.iter().take(room).copied());
+                Outcome::Answered(answer_of(&a, f, now))
+            }
         };
         self.pending.remove(&key);
         self.outcomes.push(outcome);
@@ -240,6 +259,8 @@ pub struct Summary {
     pub ttft_ms: Spread,
     /// Client time to first chunk − (queue_ms + ttft_ms), per answer.
     pub overhead_ms: Spread,
+    /// Between one streamed chunk of an answer and its next.
+    pub inter_chunk_ms: Spread,
     pub completion_tokens: u64,
     pub wall_s: f64,
     /// Completion tokens of every answer / wall time: the daemon's throughput.
@@ -269,6 +290,7 @@ impl Summary {
             "client_ttfc_ms": self.client_ttfc_ms.json(),
             "ttft_ms": self.ttft_ms.json(),
             "overhead_ms": self.overhead_ms.json(),
+            "inter_chunk_ms": self.inter_chunk_ms.json(),
             "completion_tokens": self.completion_tokens,
             "wall_s": round3(self.wall_s),
             "aggregate_tps": round3(self.aggregate_tps),
@@ -281,8 +303,14 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// The summary of a run's outcomes; `wall` from the first publish to the last outcome.
-pub fn summarize(outcomes: &[Outcome], concurrency: usize, wall: Duration) -> Summary {
+/// The summary of a run's outcomes and times between chunks (`gaps_ms`); `wall` from the
+/// first publish to the last outcome.
+pub fn summarize(
+    outcomes: &[Outcome],
+    gaps_ms: &[f64],
+    concurrency: usize,
+    wall: Duration,
+) -> Summary {
     let mut s = Summary {
         requests: outcomes.len(),
         concurrency,
@@ -296,6 +324,7 @@ pub fn summarize(outcomes: &[Outcome], concurrency: usize, wall: Duration) -> Su
         client_ttfc_ms: Spread::of(Vec::new()),
         ttft_ms: Spread::of(Vec::new()),
         overhead_ms: Spread::of(Vec::new()),
+        inter_chunk_ms: Spread::of(gaps_ms.to_vec()),
         completion_tokens: 0,
         wall_s: wall.as_secs_f64(),
         aggregate_tps: 0.0,
@@ -377,6 +406,7 @@ impl fmt::Display for Summary {
             ("time to first chunk (client)", &self.client_ttfc_ms),
             ("time to first token (daemon: ttft_ms)", &self.ttft_ms),
             ("overhead: client - (queue_ms + ttft_ms)", &self.overhead_ms),
+            ("between chunks of an answer (client)", &self.inter_chunk_ms),
         ] {
             writeln!(f, "{name:<44} {:>10} {:>10}", cell(s.p50), cell(s.p99))?;
         }
@@ -476,7 +506,7 @@ pub async fn run(t: Target, plan: Plan) -> super::CliResult {
     let _ = client.try_disconnect();
     // Let the disconnect go out (bounded: the summary does not depend on it).
     let _ = tokio::time::timeout(Duration::from_millis(500), events.poll()).await;
-    let summary = summarize(&tracker.outcomes, plan.concurrency, wall);
+    let summary = summarize(&tracker.outcomes, &tracker.gaps_ms, plan.concurrency, wall);
     if plan.json {
         println!("{}", summary.to_json());
     } else {

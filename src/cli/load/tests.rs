@@ -77,6 +77,34 @@ fn a_streamed_answer_is_timed_from_its_publish_to_its_first_chunk() {
     };
     assert!((a.client_ttfc_ms - 40.0).abs() < 1e-6, "{a:?}");
     assert_eq!((a.queue_ms, a.ttft_ms, a.completion_tokens), (2.0, 30.0, 8));
+    // One gap between its two chunks.
+    assert_eq!(tr.gaps_ms.len(), 1);
+    assert!((tr.gaps_ms[0] - 5.0).abs() < 1e-6, "{:?}", tr.gaps_ms);
+}
+
+#[test]
+fn gaps_between_chunks_are_kept_per_answer_and_only_once_it_is_answered() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut tr = Tracker::new(Duration::from_secs(10));
+    tr.sent(key("a"), t0);
+    tr.sent(key("b"), t0);
+    // Interleaved: each answer's gaps are its own chunks' (a: 10, 30; b: 12).
+    tr.message(Some(key("a")), chunk("a", 0).as_bytes(), t0 + ms(10));
+    tr.message(Some(key("b")), chunk("b", 0).as_bytes(), t0 + ms(15));
+    tr.message(Some(key("a")), chunk("a", 1).as_bytes(), t0 + ms(20));
+    tr.message(Some(key("b")), chunk("b", 1).as_bytes(), t0 + ms(27));
+    tr.message(Some(key("a")), chunk("a", 2).as_bytes(), t0 + ms(50));
+    assert!(tr.gaps_ms.is_empty(), "none before an answer ends");
+    tr.message(Some(key("a")), done("a", 3).as_bytes(), t0 + ms(60));
+    let busy = json!({"id": "b", "error": {"code": "busy", "message": "x"}, "done": true});
+    tr.message(Some(key("b")), busy.to_string().as_bytes(), t0 + ms(70));
+    let got: Vec<i64> = tr.gaps_ms.iter().map(|g| g.round() as i64).collect();
+    assert_eq!(
+        got,
+        [10, 30],
+        "b ended in an error: its gaps are not an answer's"
+    );
 }
 
 #[test]
@@ -165,7 +193,7 @@ fn the_summary_counts_every_outcome_once_and_errors_by_code() {
         Outcome::Timeout,
         Outcome::Invalid("chunk 2 arrived, 1 expected".into()),
     ];
-    let s = summarize(&outcomes, 3, Duration::from_secs(2));
+    let s = summarize(&outcomes, &[9.0, 7.0, 30.0], 3, Duration::from_secs(2));
     assert_eq!(
         (s.requests, s.ok, s.errors(), s.timeouts, s.invalid),
         (8, 3, 3, 1, 1)
@@ -184,7 +212,16 @@ fn the_summary_counts_every_outcome_once_and_errors_by_code() {
     assert_eq!(s.completion_tokens, 17);
     assert!((s.aggregate_tps - 8.5).abs() < 1e-9);
     assert_eq!(s.mean_decode_tps, Some(250.0));
+    assert_eq!(
+        (
+            s.inter_chunk_ms.n,
+            s.inter_chunk_ms.p50,
+            s.inter_chunk_ms.p99
+        ),
+        (3, Some(9.0), Some(30.0))
+    );
     let j = s.to_json();
+    assert_eq!(j["inter_chunk_ms"]["p99"], 30.0);
     assert_eq!((j["ok"].as_u64(), j["errors"].as_u64()), (Some(3), Some(3)));
     assert_eq!(j["errors_by_code"]["busy"], 2);
     assert_eq!(j["first_invalid"], "chunk 2 arrived, 1 expected");
@@ -192,7 +229,7 @@ fn the_summary_counts_every_outcome_once_and_errors_by_code() {
 
 #[test]
 fn a_summary_without_answers_has_no_percentiles_and_prints() {
-    let s = summarize(&[Outcome::Error("busy".into())], 1, Duration::ZERO);
+    let s = summarize(&[Outcome::Error("busy".into())], &[], 1, Duration::ZERO);
     assert_eq!((s.ok, s.queue_ms.p50, s.mean_decode_tps), (0, None, None));
     assert_eq!(s.aggregate_tps, 0.0);
     assert!(s.to_json()["queue_ms"]["p50"].is_null());
