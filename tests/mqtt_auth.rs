@@ -331,6 +331,15 @@ fn a_wrong_password_is_named_in_the_log_and_status_and_retried_with_a_growing_de
     assert!(waits.windows(2).all(|w| w[0] < w[1]), "{waits:?}\n{log}");
     let status = bad.wait_notify(why, Duration::from_secs(20));
     assert!(status.lines().any(bad_pw), "{status}");
+    // Once the start's wait for the broker is over, the warning gives the broker's reason,
+    // not a guess that it cannot be reached.
+    let warned = |l: &str| l.contains("serving, and retrying");
+    let log = bad.wait_log(Duration::from_secs(20), |l| l.lines().any(warned));
+    let line = log
+        .lines()
+        .find(|l| warned(l))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(bad_pw(line) && !line.contains("not reachable"), "{line}");
     assert!(bad.is_running(), "{log}");
     // Neither password ever reaches a log or systemd's status line.
     for text in [&log, &status, &good.log_text()] {

@@ -311,10 +311,20 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             Some(rx) => tokio::select! {
                 r = tokio::time::timeout(BROKER_WAIT, rx) => {
                     if r.is_err() {
-                        tracing::warn!("the MQTT broker is not reachable yet: serving, and retrying");
-                        note = match &*trouble.lock().unwrap_or_else(|e| e.into_inner()) {
-                            Some(why) => format!("; MQTT: {why}"),
-                            None => ", broker not reachable yet".into(),
+                        // The reason when the broker gave one (credentials refused), rather
+                        // than a guess that it is far away.
+                        let why = trouble.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        note = match why {
+                            Some(why) => {
+                                tracing::warn!("MQTT: {why}: serving, and retrying");
+                                format!("; MQTT: {why}")
+                            }
+                            None => {
+                                tracing::warn!(
+                                    "the MQTT broker is not reachable yet: serving, and retrying"
+                                );
+                                ", broker not reachable yet".into()
+                            }
                         };
                     }
                     false
