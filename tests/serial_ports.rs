@@ -354,10 +354,16 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     let pa = format!("{}:115200:line", a.path);
     let pb = format!("{}:115200:line", b.path);
     let url = format!("127.0.0.1:{}", broker.port);
+    // One answer at a time: the load waits in the queue, where fairness decides who is next
+    // (batched, four of the six would be answered at once and only two wait).
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("edgellm.toml");
+    std::fs::write(&conf, "[model]\nmax_batch = 1\n").unwrap();
+    let c = conf.to_str().unwrap();
     let mut d = Daemon::start(
         &[
-            "-m", &m, "--mqtt", &url, "--device", "fair", "--serial", &pa, "--serial", &pb, "-c",
-            "256", "-t", "2",
+            "--config", c, "-m", &m, "--mqtt", &url, "--device", "fair", "--serial", &pa,
+            "--serial", &pb, "-c", "256", "-t", "2",
         ],
         &[("EDGELLM_LOG", "info")],
     );
@@ -397,9 +403,10 @@ fn two_ports_and_an_mqtt_load_share_the_queue_fairly() {
     let until = Instant::now() + T;
     loop {
         let v = status(broker.port, "fair");
-        if v["queue_depth"].as_u64().unwrap_or(0) >= 3 || Instant::now() > until {
+        if v["queue_depth"].as_u64().unwrap_or(0) >= 3 {
             break;
         }
+        assert!(Instant::now() < until, "the load never queued: {v}");
         std::thread::sleep(Duration::from_millis(50));
     }
     a.send(b"GEN Red is\r\n");
