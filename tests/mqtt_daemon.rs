@@ -355,14 +355,16 @@ fn sighup_applies_new_limits_and_log_level_and_names_what_needs_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("edgellm.toml");
     let m = model();
+    let mut line = common::serial::Pty::open();
     let write = |max_tokens: usize, level: &str, keepalive: u64| {
         std::fs::write(
             &conf,
             format!(
                 "[model]\npath = \"{m}\"\nctx = 256\nthreads = 1\n\
                  [mqtt]\nbroker = \"127.0.0.1:{}\"\ndevice = \"{DEVICE}\"\nkeepalive_s = {keepalive}\n\
-                 [limits]\nmax_tokens = {max_tokens}\n[log]\nlevel = \"{level}\"\n",
-                broker.port
+                 [limits]\nmax_tokens = {max_tokens}\n[log]\nlevel = \"{level}\"\n\
+                 [[serial]]\npath = \"{}\"\nmode = \"line\"\n",
+                broker.port, line.path
             ),
         )
         .unwrap();
@@ -402,7 +404,16 @@ fn sighup_applies_new_limits_and_log_level_and_names_what_needs_a_restart() {
     wait_log("SIGHUP: configuration reloaded");
     let log = d.log_text();
     assert!(log.contains(r#"applied=["limits", "log"]"#), "{log}");
-    assert!(log.contains(r#"need_restart=["mqtt"]"#), "{log}");
+    // The serial port keeps the max_tokens it started with, and the log line says so.
+    assert!(
+        log.contains(r#"need_restart=["limits.max_tokens (serial, Modbus)", "mqtt"]"#),
+        "{log}"
+    );
+    let t = Duration::from_secs(30);
+    assert!(
+        line.ask("SET max_tokens=8", t).starts_with("ERR bad_value"),
+        "the port took the new bound without a restart: update the docs and this test"
+    );
     let ok = json_of(&ask(broker.port, &["-n", "8", "--json", "Hi"]));
     assert_eq!(ok["done"], true, "{ok}");
     assert!(ok["text"].is_string(), "{ok}");

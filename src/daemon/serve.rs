@@ -187,6 +187,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
         tasks.extend(modbus.tasks);
         board.ports = ports;
         board.ports.extend(modbus.ports);
+        let serves_ports = !board.ports.is_empty();
         // The answer journal of the MQTT front end (none without MQTT).
         let journal = (cfg.mqtt.broker != Broker::Off)
             .then(|| Arc::new(std::sync::Mutex::new(open_journal(&cfg))));
@@ -338,7 +339,7 @@ pub fn serve(cfg: Config, model: PathBuf, reload: Reload) -> Result<(), DaemonEr
             tracing::info!(ready_ms = started.elapsed().as_millis() as u64, "ready");
             let mut current = cfg.clone();
             wait_for_stop(signals, || {
-                if apply_reload(&mut current, &reload, &handle, &limits_tx) {
+                if apply_reload(&mut current, &reload, &handle, &limits_tx, serves_ports) {
                     notifier.status(&format!("{serving}, configuration reloaded"));
                 }
             })
@@ -506,13 +507,14 @@ fn request_ids() -> Arc<dyn Fn() -> String + Send + Sync> {
 }
 
 /// SIGHUP: reads the configuration again and applies what can change while serving, the
-/// limits and the log level; says which other changes wait for a restart. An invalid file
-/// changes nothing (`false`).
+/// limits and the log level; says which other changes wait for a restart (`ports`: serial
+/// ports or Modbus servers are served). An invalid file changes nothing (`false`).
 fn apply_reload(
     cur: &mut Config,
     reload: &Reload,
     handle: &crate::service::Handle,
     limits: &watch::Sender<crate::mqtt::contract::Limits>,
+    ports: bool,
 ) -> bool {
     let new = match (reload.config)() {
         Ok(c) => c,
@@ -522,6 +524,12 @@ fn apply_reload(
         }
     };
     let mut applied = Vec::new();
+    // Before the limits are taken: which of them the ports keep until a restart.
+    let mut restart = if ports {
+        cur.limits.kept_by_ports(&new.limits)
+    } else {
+        Vec::new()
+    };
     if new.limits != cur.limits {
         let s = new.service_config();
         handle.set_limits(s.queue_depth, s.per_source, s.max_prompt_bytes);
@@ -542,7 +550,7 @@ fn apply_reload(
             Err(e) => tracing::warn!("SIGHUP: log.level not changed: {e}"),
         }
     }
-    let restart = cur.differs_from(&new);
+    restart.extend(cur.differs_from(&new));
     tracing::info!(
         applied = ?applied,
         need_restart = ?restart,

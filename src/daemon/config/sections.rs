@@ -374,6 +374,25 @@ pub struct LimitsConfig {
     pub format_max_states: usize,
 }
 
+impl LimitsConfig {
+    /// The limits that changed from `self` to `new` and that serial ports and Modbus servers
+    /// keep until a restart: their protocol cores are built with them when they start (the
+    /// line bound and the Modbus prompt registers are sized from `max_prompt_bytes`).
+    pub fn kept_by_ports(&self, new: &LimitsConfig) -> Vec<&'static str> {
+        let mut d = Vec::new();
+        if self.max_tokens != new.max_tokens {
+            d.push("limits.max_tokens (serial, Modbus)");
+        }
+        if self.request_timeout_s != new.request_timeout_s {
+            d.push("limits.request_timeout_s (serial, Modbus)");
+        }
+        if self.max_prompt_bytes != new.max_prompt_bytes {
+            d.push("limits.max_prompt_bytes (serial, Modbus)");
+        }
+        d
+    }
+}
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         let d = crate::service::FormatLimits::default();
