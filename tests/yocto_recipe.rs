@@ -306,3 +306,50 @@ fn a_shallow_clone_fails_the_check_instead_of_passing_it() {
     let e = pin_problem(&shallow.path().join("c"), &same, &crates_inc()).unwrap_err();
     assert!(e.contains("shallow"), "{e}");
 }
+
+/// `KEY = "value"` lines of a kas file's `local_conf_header`, in order.
+fn conf_lines(kas: &str) -> Vec<(String, String)> {
+    kas.lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(" = ")?;
+            let v = v.strip_prefix('"')?.strip_suffix('"')?;
+            Some((k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// The Raspberry Pi image gives the PLC its UART: the PL011 on GPIO 14/15, with neither the
+/// kernel console nor a login prompt on it (meta-raspberrypi puts `console=serial0,115200`
+/// on the kernel command line when `ENABLE_UART` is 1, unless `CMDLINE_SERIAL` says
+/// otherwise; the machine's `SERIAL_CONSOLES` starts a getty).
+#[test]
+fn the_pi_image_leaves_the_plcs_uart_to_the_daemon() {
+    let kas = read(&repo().join("yocto/kas/edgellm-rpi4.yml"));
+    let conf = conf_lines(&kas);
+    let value = |k: &str| {
+        let v: Vec<&str> = conf
+            .iter()
+            .filter(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(v.len(), 1, "{k} set once in the Pi's kas file: {conf:?}");
+        v[0].to_owned()
+    };
+    assert_eq!(value("ENABLE_UART"), "1");
+    assert_eq!(value("RPI_EXTRA_CONFIG"), "dtoverlay=disable-bt");
+    assert_eq!(
+        value("CMDLINE_SERIAL"),
+        "",
+        "the kernel console would be on serial0"
+    );
+    assert_eq!(
+        value("SERIAL_CONSOLES"),
+        "",
+        "a getty would read the PLC's line"
+    );
+    // The layer's README tells how to reach the board instead.
+    let readme = read(&repo().join("yocto/meta-edgellm/README.md"));
+    for step in ["EXTRA_USERS_PARAMS", "ssh-server-dropbear", "/proc/cmdline"] {
+        assert!(readme.contains(step), "the README lacks {step}");
+    }
+}
