@@ -6,13 +6,17 @@ The board is qemu-system-aarch64 -M virt -cpu cortex-a72 with:
   the console (PL011)   a unix socket; root is logged in there and the checks run commands
   the PLC's UART        a USB FTDI adapter (the guest's /dev/ttyUSB0) on a pty of this host
   the network           user-mode, restrict=on: only 10.0.2.100:1883, forwarded (socat, one
-                        per connection) to the Mosquitto this script starts on 127.0.0.1
+                        per connection) to the Mosquitto this script starts on 127.0.0.1, and
+                        the guest's port 502 from a free port of this host's 127.0.0.1
   the disk              virtio, cache=writeback: the guest's flushes reach the host file, so
                         SIGKILL of qemu is a power cut
 
 Checks, in order (each prints its time; any failure exits 1 with the reason):
   1. boot: edgellm.service reaches active (running) through READY=1 (Type=notify)
   2. a prompt over the UART in line mode, and one over MQTT, are answered
+  2b. Modbus TCP on port 502 by socket activation (edgellm-modbus.socket) while the unit runs
+     as User=edgellm with no capabilities: mbpoll on this host asks a question and reads it
+     answered
   3. `systemctl kill -s SIGSTOP edgellm`: the watchdog restarts it
   3b. a truncated model: exit 78, not restarted, the error retained on the broker
   3c. a main process that crashes at once: 5 starts, the 6th refused by the start limit
@@ -178,6 +182,8 @@ class Board:
         self.console = None
         self.plc = None
         self.boots = 0
+        # This host's end of the guest's Modbus TCP port 502.
+        self.modbus_port = free_port()
 
     def start(self):
         sock = os.path.join(self.work, "console.sock")
@@ -193,7 +199,8 @@ class Board:
             "-device", "virtio-blk-pci,drive=disk",
             # cmd: runs socat for each guest connection; a tcp: target would carry every
             # connection (a daemon restarted by its watchdog, say) over one host connection.
-            "-netdev", f"user,id=net,restrict=on,guestfwd=tcp:10.0.2.100:1883-cmd:socat - TCP:127.0.0.1:{self.port}",
+            "-netdev", f"user,id=net,restrict=on,guestfwd=tcp:10.0.2.100:1883-cmd:socat - TCP:127.0.0.1:{self.port}"
+                       f",hostfwd=tcp:127.0.0.1:{self.modbus_port}-:502",
             # romfile=: no PXE option ROM (the kernel is given; Debian ships it in ipxe-qemu).
             "-device", "virtio-net-pci,netdev=net,romfile=",
             "-device", "virtio-rng-pci",
@@ -442,6 +449,51 @@ def main():
     broker.stop()
 
 
+def mbpoll(port, first, values=(), count=1):
+    """Debian's mbpoll against the board's port 502: writes `values` from register `first`
+    (0-based), or reads `count` registers; returns {address: value}."""
+    cmd = ["mbpoll", "-m", "tcp", "-p", str(port), "-0", "-1", "-o", "10", "-r", str(first)]
+    if not values:
+        cmd += ["-c", str(count)]
+    cmd += ["127.0.0.1"] + [str(v) for v in values]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"mbpoll {' '.join(cmd[1:])}: exit {r.returncode}: {r.stdout[-400:]} {r.stderr[-400:]}")
+    return {int(a): int(v) for a, v in re.findall(r"^\[(\d+)\]:\s+(-?\d+)", r.stdout, re.M)}
+
+
+def modbus_on_502(board):
+    """2b: systemd binds port 502 and passes it; the daemon, without any capability, serves a
+    Modbus TCP master on it."""
+    t = time.monotonic()
+    board.console.sh("systemctl enable --now edgellm-modbus.socket && systemctl restart edgellm; true", timeout=300)
+    _, out = board.console.sh(
+        "for i in $(seq 400); do [ \"$(systemctl is-active edgellm)\" = active ] && break; sleep 0.5; done; "
+        "systemctl show -p ActiveState -p User -p CapabilityBoundingSet -p AmbientCapabilities edgellm; "
+        "systemctl is-active edgellm-modbus.socket", timeout=250)
+    props = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+    check(props.get("ActiveState") == "active" and props.get("User") == "edgellm"
+          and props.get("CapabilityBoundingSet") == "" and props.get("AmbientCapabilities") == ""
+          and out.rstrip().endswith("\nactive"),
+          f"Modbus on 502: the unit is not active, hardened, with its socket: {out}")
+    # "Hi" (two bytes a register, high byte first), 2 bytes, 4 tokens; REQUEST_SEQ last.
+    mbpoll(board.modbus_port, 256, [0x4869])
+    mbpoll(board.modbus_port, 17, [2, 4])
+    mbpoll(board.modbus_port, 16, [1])
+    deadline = time.monotonic() + 180
+    while True:
+        regs = mbpoll(board.modbus_port, 0, count=10)
+        if regs.get(0) in (3, 4) and regs.get(2) == 1:
+            break
+        check(time.monotonic() < deadline, f"Modbus on 502: no answer within 180 s: {regs}")
+        time.sleep(1)
+    check(regs[0] == 3 and regs[9] > 0 and regs[4] * 65536 + regs[5] > 0,
+          f"Modbus on 502: STATUS {regs[0]} (3 is done), ERROR_CODE {regs[1]}, TOKENS {regs[9]}: {regs}")
+    rc, _ = board.console.sh("journalctl -u edgellm -b --no-pager | grep -q 'Modbus TCP on the socket systemd passed'", ok=False)
+    check(rc == 0, "the daemon's log does not say it serves Modbus TCP on the socket systemd passed")
+    say(f"2b. Modbus TCP on 502 by socket activation, User=edgellm, no capabilities: answered "
+        f"{regs[9]} tokens ({regs[4] * 65536 + regs[5]} bytes) in {time.monotonic() - t:.0f}s")
+
+
 def run(board, mqtt, cuts, rng):
     took, props = board.boot()
     say(f"1. booted, edgellm.service active (running) via READY=1 in {took:.0f}s: {props}")
@@ -455,6 +507,7 @@ def run(board, mqtt, cuts, rng):
     f = mqtt.ask("What is the capital of France?")
     check(f.get("done") and f.get("text") and "error" not in f, f"MQTT: {f}")
     say(f"2. MQTT (edgellm ask): {f['text']!r}, {f['usage']}")
+    modbus_on_502(board)
 
     # 3. The watchdog: a stopped daemon pings no more and is restarted.
     t = time.monotonic()
