@@ -3,18 +3,22 @@
 # llama-tokenize OUTSIDE the repo, from the source that PyPI's llama-cpp-python 0.3.36 vendors
 # (llama.cpp 0c1e57098, the commit of tests/data's reference vectors; bench/llamacpp-vectors.sh
 # links its libraries). Idempotent; prints the build directory.
-# Usage: bench/build-llamacpp.sh [--source-only]
+# Usage: bench/build-llamacpp.sh [--source-only | --server]
 #   --source-only: only download and unpack the source (seconds, no cmake), print its directory:
 #        what tests/tokenizer_llama_vocabs.rs needs (llama.cpp's models/ggml-vocab-* files)
+#   --server: llama-server instead (bench/vs-llama-server.sh), without its web UI (no npm,
+#        no download of prebuilt assets)
 #   Env: LLAMACPP_DIR (default ~/.cache/edgellm/llama.cpp), JOBS (default: nproc)
 #        LLAMACPP_TARGET=aarch64 cross-builds for aarch64 (static binaries, run under
 #        qemu-aarch64-static; needs g++-aarch64-linux-gnu, see scripts/setup.sh)
 set -euo pipefail
 source_only=0
+server=0
 case "${1:-}" in
     "") ;;
     --source-only) source_only=1 ;;
-    *) echo "usage: $0 [--source-only]" >&2; exit 2 ;;
+    --server) server=1 ;;
+    *) echo "usage: $0 [--source-only | --server]" >&2; exit 2 ;;
 esac
 root="${LLAMACPP_DIR:-$HOME/.cache/edgellm/llama.cpp}"
 target="${LLAMACPP_TARGET:-native}"
@@ -51,13 +55,17 @@ PY
 }
 if [ "$source_only" = 1 ]; then fetch_source; echo "$src"; exit 0; fi
 targets=(llama-bench llama-simple llama-completion llama-perplexity llama-tokenize)
+[ "$server" = 0 ] || targets=(llama-server)
 missing=()
 for t in "${targets[@]}"; do [ -x "$build/bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$build"; exit 0; fi
 command -v cmake >/dev/null || { log "installing cmake"; apt-get install -y -qq cmake >/dev/null; }
 fetch_source
+server_flag=OFF
+[ "$server" = 0 ] || server_flag=ON
 flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
-       -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF)
+       -DLLAMA_BUILD_SERVER=$server_flag -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+       -DBUILD_SHARED_LIBS=OFF)
 if [ "$target" = aarch64 ]; then
     # Same rule as ours: no build-host CPU flags; armv8.2-a+dotprod matches qemu's cortex-a76.
     # Static: the cross libc (/usr/aarch64-linux-gnu) is not the arm64 one qemu finds in /lib
@@ -74,7 +82,10 @@ if [ "$target" = aarch64 ]; then
 else
     flags+=(-DGGML_NATIVE=ON)
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
+# A tree configured without the server is configured again for it (the other targets keep
+# their objects).
+if [ ! -f "$build/CMakeCache.txt" ] ||
+   { [ "$server" = 1 ] && ! grep -q '^LLAMA_BUILD_SERVER:BOOL=ON' "$build/CMakeCache.txt"; }; then
     log "configuring ($target)"
     cmake -S "$src" -B "$build" "${flags[@]}" >&2
 fi
