@@ -281,10 +281,7 @@ impl<A: Clone> Core<A> {
                 // (unreadable JSON, a bad id) is a message, not yet a request.
                 let record = refused.id.as_ref().map(|id| {
                     let r = Refusal::new(id, &source, refused.error.clone());
-                    match &refused.session {
-                        Some(s) => Action::Refused(r.with_session(s)),
-                        None => Action::Refused(r),
-                    }
+                    Action::Refused(r.with_session(refused.session.as_deref()))
                 });
                 req.id = id;
                 self.requests.insert(token, req);

@@ -20,7 +20,7 @@
 use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
-use crate::service::{ErrorCode, Event, Format, Prompt, Refusal, Request, ServiceError, Shape};
+use crate::service::{ErrorCode, Event, Format, Prompt, Request, ServiceError, Shape};
 use crate::tokenizer::ChatMessage;
 use std::sync::Arc;
 use std::time::Duration;
@@ -325,8 +325,7 @@ impl ConsoleCore {
                 Err(e) => {
                     // On the record as any refusal: a name a technician could not use.
                     let e = ServiceError::new(ErrorCode::BadRequest, e.to_string());
-                    let id = env.new_id();
-                    env.refused(Refusal::new(&id, env.source(), e.clone()).with_session(name));
+                    env.refused_here(e.clone(), Some(name));
                     write_text(env, &format!("error: {e}\n"));
                 }
             },

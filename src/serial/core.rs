@@ -59,6 +59,12 @@ pub trait Env {
     /// A request this core refused itself (a session name it cannot use), for the audit
     /// trail; the core answers the port as usual.
     fn refused(&mut self, r: Refusal);
+    /// A request this core refused, told under a fresh id with the session name it gave.
+    fn refused_here(&mut self, error: ServiceError, session: Option<&str>) {
+        let id = self.new_id();
+        let r = Refusal::new(&id, self.source(), error).with_session(session);
+        self.refused(r);
+    }
     /// Cancels this port's request, if one runs or waits: it ends with finish reason (or
     /// error) `cancelled`, through `on_event` as usual.
     fn cancel(&mut self);

@@ -18,7 +18,7 @@
 use super::core::{Core, Env};
 use super::stats::Count;
 use crate::engine::store::SessionId;
-use crate::service::{Event, FinishReason, Format, Prompt, Refusal, Request, ServiceError, Shape};
+use crate::service::{Event, FinishReason, Format, Prompt, Request, ServiceError, Shape};
 use crate::tokenizer::ChatMessage;
 use std::sync::Arc;
 use std::time::Duration;
@@ -447,8 +447,7 @@ fn session_id(name: &str, checksum: bool, env: &mut dyn Env) -> Option<SessionId
         Ok(id) => Some(id),
         Err(e) => {
             let e = ServiceError::new(crate::service::ErrorCode::BadRequest, e.to_string());
-            let id = env.new_id();
-            env.refused(Refusal::new(&id, env.source(), e.clone()).with_session(name));
+            env.refused_here(e.clone(), Some(name));
             reply(env, checksum, "ERR bad_request ", &e.message);
             None
         }

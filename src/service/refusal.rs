@@ -42,11 +42,11 @@ impl Refusal {
         }
     }
 
-    /// The session name the request gave (none when it was empty).
-    pub fn with_session(mut self, name: &str) -> Refusal {
-        if !name.is_empty() {
-            self.session = Some(prefix(name, crate::engine::store::MAX_ID_LEN));
-        }
+    /// The session name the request gave, if any (none when it was empty).
+    pub fn with_session(mut self, name: Option<&str>) -> Refusal {
+        self.session = name
+            .filter(|n| !n.is_empty())
+            .map(|n| prefix(n, crate::engine::store::MAX_ID_LEN));
         self
     }
 }
@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn hostile_ids_and_names_are_kept_short_and_whole_characters() {
         let e = ServiceError::new(ErrorCode::BadRequest, "no");
-        let r = Refusal::new(&"é".repeat(1000), "s", e).with_session(&"ü".repeat(1000));
+        let r = Refusal::new(&"é".repeat(1000), "s", e).with_session(Some(&"ü".repeat(1000)));
         assert!(r.id.len() <= crate::service::MAX_ID_LEN && r.id.len() >= 126);
         assert!(r.id.chars().all(|c| c == 'é'));
         let s = r.session.unwrap();

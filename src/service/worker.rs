@@ -199,11 +199,8 @@ impl Handle {
     /// (`cancelled`).
     pub fn submit(&self, req: Request) -> Result<Ticket, ServiceError> {
         if let Err(e) = super::check(&req) {
-            let mut r = Refusal::new(&req.id, &req.source, e.clone());
-            if let Some(s) = &req.session {
-                r = r.with_session(s.as_str());
-            }
-            self.refused(r);
+            let session = req.session.as_ref().map(|s| s.as_str());
+            self.refused(Refusal::new(&req.id, &req.source, e.clone()).with_session(session));
             return Err(e);
         }
         let channel = Channel::new(self.shared.ticket_capacity);

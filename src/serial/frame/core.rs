@@ -20,8 +20,7 @@ use crate::engine::store::SessionId;
 use crate::serial::core::{Core, Env};
 use crate::serial::stats::Count;
 use crate::service::{
-    ErrorCode, Event, FinishReason, Format, Prompt, Refusal, Request, ServiceError,
-    valid_format_name,
+    ErrorCode, Event, FinishReason, Format, Prompt, Request, ServiceError, valid_format_name,
 };
 use crate::tokenizer::ChatMessage;
 use crc::{CRC_32_ISO_HDLC, Crc};
@@ -519,12 +518,7 @@ fn send(env: &mut dyn Env, seq: u8, k: u8, payload: &[u8]) {
 /// Refuses a REQUEST frame the master sent whole (its CRC good): answered as [`refuse`], and
 /// told to the audit trail with the session it named.
 fn refused(env: &mut dyn Env, seq: u8, code: ErrorCode, message: &str, session: Option<&str>) {
-    let id = env.new_id();
-    let mut r = Refusal::new(&id, env.source(), ServiceError::new(code, message));
-    if let Some(s) = session {
-        r = r.with_session(s);
-    }
-    env.refused(r);
+    env.refused_here(ServiceError::new(code, message), session);
     refuse(env, seq, code, message);
 }
 
