@@ -139,9 +139,11 @@ a64_edgellm=(-p edgellm --config 'profile.test.package."*".opt-level=0')
 EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test engine_packed --test no_alloc
 EDGELLM_QEMU_CPUS=cortex-a53 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test no_alloc
 # Batch invariance through the service's continuous batching: answers decoded together, in
-# shuffled orders and batch sizes, are the answers alone (the dotprod path of a cortex-a76).
-EDGELLM_QEMU_CPUS=cortex-a76 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test service_batch \
-    synthetic_answers_decoded_together_are_the_answers_alone
+# shuffled orders and batch sizes, scratch and named sessions, are the answers alone (the
+# dotprod path of a cortex-a76).
+EDGELLM_QEMU_CPUS=cortex-a76 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test service_batch -- \
+    synthetic_answers_decoded_together_are_the_answers_alone \
+    synthetic_named_sessions_decoded_together_are_the_sessions_alone
 step "aarch64 restores the $(uname -m) session snapshot and continues identically (qemu cortex-a76)"
 EDGELLM_QEMU_CPUS=cortex-a76 EDGELLM_KV_IN="$kv_x86" \
     scripts/test-aarch64.sh "${a64_edgellm[@]}" --test session_store another_architecture

@@ -305,66 +305,129 @@ fn synthetic_a_cancelled_answer_leaves_the_batch_and_the_others_go_on() {
     assert_eq!(h.counters().cancelled.load(Ordering::Relaxed), 1);
 }
 
-/// A request in a named session continues that session's cache: it is answered by itself
-/// once the batch before it has drained, and the requests after it batch again.
-#[test]
-fn synthetic_a_request_in_a_named_session_is_answered_alone_between_batches() {
-    let model = synth_model();
-    let dir = tempfile::tempdir().unwrap();
-    let store = edgellm::engine::store::StoreConfig {
-        dir: dir.path().to_owned(),
-        ram_bytes: 1 << 20,
+/// `f`'s result; when it takes longer than `limit` (an answer that never ends), the test
+/// process exits with a failure naming `what`: a panic would wait for the stuck worker.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|e| {
+        // Straight to stderr: the test harness's capture is lost when the process exits.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "{what}: the answers did not all end within {limit:?} ({e})"
+        );
+        std::process::exit(101)
+    })
+}
+
+/// A chat turn in named session `session`.
+fn turn(id: &str, session: &str, text: &str) -> Request {
+    let mut r = Request::new(
+        id,
+        "hmi",
+        Prompt::Chat(vec![ChatMessage::new("user", text)]),
+    );
+    r.session = Some(session.parse().unwrap());
+    r.max_tokens = 12;
+    r
+}
+
+/// A state directory of its own, holding `resident` sessions in RAM.
+fn store(dir: &std::path::Path, model: &Model, resident: u64) -> Sessions {
+    let cfg = EngineConfig {
+        n_ctx: 256,
+        ..Default::default()
+    };
+    let per_session = edgellm::engine::session_kv_bytes(model, &cfg).unwrap();
+    Sessions::Dir(edgellm::engine::store::StoreConfig {
+        dir: dir.to_owned(),
+        ram_bytes: resident * per_session,
         disk_bytes: 64 << 20,
         max_sessions: None,
-    };
-    let reqs = vec![
-        raw("x", "Boiler 1 pressure", 30),
-        raw("y", "Boiler 2", 30),
-        raw("z", "Boiler 3 is at", 30),
+    })
+}
+
+/// Named sessions are decoded together as scratch ones are: a session's turns continue its own
+/// cache and conversation, and every answer is the one it gets alone. A turn of a session
+/// another answer of the batch holds waits for it; so does a session the store has no room for
+/// in RAM (two resident here, three sessions), and it comes back from its file.
+#[test]
+fn synthetic_named_sessions_decoded_together_are_the_sessions_alone() {
+    let model = synth_model();
+    let rounds: Vec<Vec<Request>> = vec![
+        vec![
+            turn("a1", "hmi-1", "Boiler 4?"),
+            turn("b1", "hmi-2", "Pump 7 flow"),
+            raw("x", "Boiler 1 pressure", 30),
+            turn("a2", "hmi-1", "And boiler 5?"),
+            turn("c1", "hmi-3", "Valve V-12 position, please"),
+        ],
+        vec![
+            turn("c2", "hmi-3", "Why?"),
+            turn("b2", "hmi-2", "And pump 8 flow"),
+            turn("a3", "hmi-1", "Thanks"),
+            raw("y", "Boiler 2", 20),
+        ],
     ];
-    let mut named = Request::new(
-        "named",
-        "hmi",
-        Prompt::Chat(vec![ChatMessage::new("user", "Boiler 4?")]),
-    );
-    named.session = Some("hmi-1".parse().unwrap());
-    named.max_tokens = 10;
-    let want = {
-        let svc = service(&model, 1, 1, Sessions::Dir(store.clone()));
-        let mut all = reqs.clone();
-        all.push(named.clone());
-        let w = alone(&svc.handle(), &all);
-        let mut forget = named.clone();
-        forget.prompt = Prompt::Forget;
-        read(svc.handle().submit(forget).unwrap()).join().unwrap();
-        w
+    let want: Vec<BTreeMap<String, Done>> = {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(&model, 1, 1, store(dir.path(), &model, 2));
+        rounds.iter().map(|r| alone(&svc.handle(), r)).collect()
     };
-    let svc = service(&model, 4, 1, Sessions::Dir(store));
-    let h = svc.handle();
-    let first = h.submit(reqs[0].clone()).unwrap();
-    held(&h, &first);
-    let x = read(first);
-    let y = read(h.submit(reqs[1].clone()).unwrap());
-    let n = read(h.submit(named).unwrap());
-    let z = read(h.submit(reqs[2].clone()).unwrap());
-    let ends = |a: &Answer| match &a.last {
-        Event::Done(d) => d.clone(),
-        other => panic!("{other:?}"),
-    };
-    let (x, y, n, z) = (
-        x.join().unwrap(),
-        y.join().unwrap(),
-        n.join().unwrap(),
-        z.join().unwrap(),
-    );
-    for (id, a) in [("x", &x), ("y", &y), ("named", &n), ("z", &z)] {
-        assert_eq!(done(id, a).generated_ids, want[id].generated_ids, "{id}");
+    // Each session's turns went on from its conversation: the later ones restored positions.
+    for id in ["a2", "a3", "b2", "c2"] {
+        let w = &want[if id == "a2" { 0 } else { 1 }][id];
+        assert_eq!(w.finish_reason, FinishReason::Length, "{id}");
+        assert!(w.usage.restored_tokens > 0, "{id}: {:?}", w.usage);
     }
-    // The named session's turn was kept, as alone.
-    assert_eq!(ends(&n).session.unwrap().turn, Some(1));
-    assert!(h.counters().batched_steps.load(Ordering::Relaxed) > 0);
-    assert_eq!(h.counters().answered.load(Ordering::Relaxed), 4);
-    drop(z);
+    for threads in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = service(&model, 4, threads, store(dir.path(), &model, 2));
+        let h = svc.handle();
+        let (mut evicted, mut restored) = (0, 0);
+        for (round, (reqs, want)) in rounds.iter().zip(&want).enumerate() {
+            let steps = h.counters().batched_steps.load(Ordering::Relaxed);
+            let what = format!("threads {threads}, round {round}");
+            let got = within(Duration::from_secs(60), &what, {
+                let (h, reqs) = (h.clone(), reqs.clone());
+                move || together(&h, &reqs)
+            });
+            same(&what, &got, want);
+            for (id, w) in want {
+                let (g, w) = (got[id].session.as_ref(), w.session.as_ref());
+                assert_eq!(g.map(|s| s.turn), w.map(|s| s.turn), "{what}: {id}'s turn");
+                assert_eq!(
+                    g.map(|s| (s.saved, s.tokens)),
+                    w.map(|s| (s.saved, s.tokens)),
+                    "{what}: {id}'s file"
+                );
+                if let Some(st) = got[id].session.as_ref().and_then(|s| s.status.as_ref()) {
+                    evicted = evicted.max(st.evicted_ram);
+                    restored = restored.max(st.restored);
+                }
+            }
+            let batched = h.counters().batched_steps.load(Ordering::Relaxed) - steps;
+            assert!(
+                batched >= 5,
+                "{what}: only {batched} steps decoded several answers"
+            );
+        }
+        // A third session came while two were held: the least recently used one went to its
+        // file and came back from it.
+        assert!(
+            evicted > 0 && restored > 0,
+            "{what}: evicted {evicted}, restored {restored}",
+            what = format!("threads {threads}")
+        );
+        svc.shutdown(Duration::from_secs(5));
+    }
 }
 
 #[test]

@@ -594,7 +594,7 @@ fn empty_done(req: &Request, text: String) -> Done {
 }
 
 /// Caches the system prompt's prefix for `built`'s conversation (a failure only costs speed).
-fn cache_system_prompt(
+pub(super) fn cache_system_prompt(
     store: &mut SessionStore,
     engine: &mut Engine,
     built: &Built,

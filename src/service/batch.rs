@@ -4,28 +4,60 @@
 //! A request joins the batch at the next step and leaves it when it ends (finished, cancelled,
 //! past its deadline). Its prompt goes in a chunk per step, between the decode steps of the
 //! others, so a long prompt does not stall the answers already streaming. Every answer is a
-//! [`Generation`] advanced step by step, in a scratch session of its own, and the engine's
-//! batched step gives each session the bits it gets alone: an answer has the same tokens
-//! whatever runs beside it.
+//! [`Generation`] advanced step by step in a session of its own: a scratch session, or a named
+//! session the store lends it ([`Lease`]) until the answer ends. The engine's batched step
+//! gives each session the bits it gets alone: an answer has the same tokens whatever runs
+//! beside it.
 //!
-//! A request that continues a session (a named one, or the single session file) or asks for
-//! a session's reset or history is answered alone: it waits until the batch has drained, and
-//! no request is admitted past it, so the queue's order and fairness hold.
+//! A request in a named session that another answer of the batch holds, or for which the store
+//! has no room in RAM while the batch holds the rest, waits until it can join. A request that
+//! continues the single session file, or asks for a session's reset or history, is answered
+//! alone once the batch has drained. No request is admitted past a waiting one, so the queue's
+//! order and fairness hold.
 
-use super::answer::{Ended, OpenSessions, Prepared, TextStream, Worker, ms};
+use super::answer::{Ended, OpenSessions, Prepared, TextStream, Worker, cache_system_prompt, ms};
 use super::worker::Job;
-use super::{Event, Prompt, Request, ServiceError};
+use super::{Event, Prompt, Request, ServiceError, SessionReport};
+use crate::engine::store::{Lease, PrefixReport, SessionId, SessionStore};
 use crate::engine::{Generation, MAX_BATCH, Session};
 use crate::runtime::Profile;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// Where an answer of the batch is decoded.
+enum Place {
+    /// A scratch session of the pool, by index.
+    Scratch(usize),
+    /// A named session, lent by the store until the answer ends.
+    Named {
+        lease: Lease,
+        id: SessionId,
+        /// The system prompt cached for it, for the answer's report.
+        system: Option<PrefixReport>,
+    },
+}
+
+/// A session of either kind, as a batched step finds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Scratch(usize),
+    Named(usize),
+}
+
+impl Place {
+    fn key(&self) -> Key {
+        match self {
+            Place::Scratch(i) => Key::Scratch(*i),
+            Place::Named { lease, .. } => Key::Named(lease.slot()),
+        }
+    }
+}
+
 /// One request in the batch.
 struct Active {
     job: Job,
-    /// Its scratch session.
-    slot: usize,
+    place: Place,
     generation: Generation,
     prepared: Prepared,
     stream: TextStream,
@@ -36,6 +68,50 @@ struct Active {
     fed: usize,
 }
 
+/// The sessions a batch decodes in: the scratch pool and the store's lent sessions.
+struct Places<'a> {
+    pool: &'a mut [Session],
+    store: Option<&'a mut SessionStore>,
+}
+
+impl<'a> Places<'a> {
+    fn of(sessions: &'a mut OpenSessions) -> Places<'a> {
+        match sessions {
+            OpenSessions::Scratch(pool) => Places { pool, store: None },
+            OpenSessions::Dir(store, pool) => Places {
+                pool,
+                store: Some(store),
+            },
+            OpenSessions::File(_) => Places {
+                pool: &mut [],
+                store: None,
+            },
+        }
+    }
+
+    fn get(&mut self, place: &Place) -> &mut Session {
+        match (place, &mut self.store) {
+            (Place::Scratch(i), _) => &mut self.pool[*i],
+            (Place::Named { lease, .. }, Some(store)) => store.session(lease),
+            // A lease comes only from a store.
+            (Place::Named { .. }, None) => unreachable!("a named session without a store"),
+        }
+    }
+
+    /// Every session, scratch then lent, with its key.
+    fn all(&mut self) -> impl Iterator<Item = (Key, &mut Session)> {
+        let named = self
+            .store
+            .iter_mut()
+            .flat_map(|st| st.leased_sessions().map(|(i, s)| (Key::Named(i), s)));
+        self.pool
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| (Key::Scratch(i), s))
+            .chain(named)
+    }
+}
+
 impl Worker {
     /// The worker's loop when the engine decodes several sessions at once.
     pub(super) fn run_batched(&mut self) {
@@ -43,11 +119,17 @@ impl Worker {
         let mut active: Vec<Active> = Vec::with_capacity(max);
         let mut held: Option<Job> = None;
         loop {
-            if active.is_empty() {
-                if let Some(job) = held.take() {
+            if let Some(job) = held.take() {
+                if self.joins_now(&job.req) {
+                    self.admit(job, &mut active, &mut held);
+                } else if active.is_empty() {
                     self.answer_alone(job);
                     continue;
+                } else {
+                    held = Some(job);
                 }
+            }
+            if active.is_empty() && held.is_none() {
                 // Idle: asleep until a request comes.
                 match self.next(true) {
                     Some(job) => self.admit(job, &mut active, &mut held),
@@ -67,27 +149,39 @@ impl Worker {
         tracing::debug!("worker stopped");
     }
 
-    /// Whether `req` can join a batch: a prompt answered in a scratch session.
+    /// Whether `req` can join a batch: a prompt answered in a scratch session, or in a named
+    /// session of the state directory.
     fn batchable(&self, req: &Request) -> bool {
-        req.session.is_none()
-            && !matches!(req.prompt, Prompt::Forget | Prompt::History)
-            && matches!(
-                self.sessions,
-                OpenSessions::Scratch(_) | OpenSessions::Dir(..)
-            )
+        !matches!(req.prompt, Prompt::Forget | Prompt::History)
+            && match (&self.sessions, &req.session) {
+                (OpenSessions::Scratch(_) | OpenSessions::Dir(..), None) => true,
+                (OpenSessions::Dir(..), Some(_)) => true,
+                _ => false,
+            }
     }
 
-    /// Starts `job` in the batch, or holds it to be answered alone, or refuses it.
+    /// Whether `req` can join the batch now: batchable, and its named session (if any) is not
+    /// held by an answer of the batch and has room in RAM.
+    fn joins_now(&self, req: &Request) -> bool {
+        self.batchable(req)
+            && match (&self.sessions, &req.session) {
+                (OpenSessions::Dir(store, _), Some(id)) => store.can_lease(id),
+                _ => true,
+            }
+    }
+
+    /// Starts `job` in the batch, or holds it until it can join or be answered alone, or
+    /// refuses it.
     fn admit(&mut self, job: Job, active: &mut Vec<Active>, held: &mut Option<Job>) {
-        if !self.batchable(&job.req) {
+        if !self.joins_now(&job.req) {
             *held = Some(job);
             return;
         }
         match self.begin(&job, active) {
-            Ok((slot, generation, prepared, stream, (started, queue_ms))) => {
+            Ok((place, generation, prepared, stream, (started, queue_ms))) => {
                 active.push(Active {
                     job,
-                    slot,
+                    place,
                     generation,
                     prepared,
                     stream,
@@ -106,37 +200,77 @@ impl Worker {
         &mut self,
         job: &Job,
         active: &[Active],
-    ) -> Result<(usize, Generation, Prepared, TextStream, (Instant, f64)), ServiceError> {
+    ) -> Result<(Place, Generation, Prepared, TextStream, (Instant, f64)), ServiceError> {
         let start = self.start(&job.req, &job.channel, job.submitted)?;
         let mut prepared = self.prepare(&job.req)?;
         let model = Arc::clone(self.engine.model());
         let n_ctx = self.engine.config().n_ctx;
-        let pool = scratch(&mut self.sessions);
-        // The free session that holds the longest prefix of this prompt: a prompt that
-        // repeats a system prompt or a PLC's fixed preamble reuses its positions.
-        let common = |s: &Session| {
-            s.tokens()
-                .iter()
-                .zip(&prepared.built.ids)
-                .take_while(|(a, b)| a == b)
-                .count()
+        let place = match (&mut self.sessions, &job.req.session) {
+            (OpenSessions::Dir(store, _), Some(id)) => {
+                let system = cache_system_prompt(store, &mut self.engine, &prepared.built);
+                let lease = store.lease(&mut self.engine, id, &prepared.built.ids)?;
+                Place::Named {
+                    lease,
+                    id: id.clone(),
+                    system,
+                }
+            }
+            (sessions, _) => {
+                let pool = Places::of(sessions).pool;
+                // The free session that holds the longest prefix of this prompt: a prompt
+                // that repeats a system prompt or a PLC's fixed preamble reuses its positions.
+                let common = |s: &Session| {
+                    s.tokens()
+                        .iter()
+                        .zip(&prepared.built.ids)
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                };
+                let free = |i: &usize| active.iter().all(|a| a.place.key() != Key::Scratch(*i));
+                let slot = (0..pool.len())
+                    .filter(free)
+                    .max_by_key(|&i| (common(&pool[i]), std::cmp::Reverse(i)))
+                    .ok_or_else(|| {
+                        ServiceError::new(super::ErrorCode::Internal, "no free scratch session")
+                    })?;
+                Place::Scratch(slot)
+            }
         };
-        let slot = (0..pool.len())
-            .filter(|i| active.iter().all(|a| a.slot != *i))
-            .max_by_key(|&i| (common(&pool[i]), std::cmp::Reverse(i)))
-            .ok_or_else(|| {
-                ServiceError::new(super::ErrorCode::Internal, "no free scratch session")
-            })?;
         let mut stream = TextStream::new(job.req.max_tokens.min(n_ctx));
         let shared = &self.shared;
+        let mut places = Places::of(&mut self.sessions);
         let generation = Generation::begin(
-            &mut pool[slot],
+            places.get(&place),
             &prepared.built.ids,
             &prepared.params,
             &mut prepared.sampler,
             &mut |t| stream.token(t, &model.tokenizer, &job.channel, job.req.deadline, shared),
-        )?;
-        Ok((slot, generation, prepared, stream, start))
+        );
+        match generation {
+            Ok(generation) => Ok((place, generation, prepared, stream, start)),
+            Err(e) => {
+                self.give_back(place, false);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Returns an ended answer's named session to the store (saved when the answer was given,
+    /// as is when it failed), and says what the turn did. `None` for a scratch session.
+    fn give_back(&mut self, place: Place, answered: bool) -> Option<SessionReport> {
+        let (Place::Named { lease, id, system }, OpenSessions::Dir(store, _)) =
+            (place, &mut self.sessions)
+        else {
+            return None;
+        };
+        if !answered {
+            store.release(lease);
+            return None;
+        }
+        let mut r = SessionReport::of(Some(&id), store.give_back(lease));
+        r.status = Some(store.status());
+        r.system_prompt = system;
+        Some(r)
     }
 
     /// One step: a chunk of one prompt (the oldest still being fed), then one token of every
@@ -156,7 +290,7 @@ impl Worker {
                 shared,
                 ..
             } = self;
-            let pool = scratch(sessions);
+            let mut places = Places::of(sessions);
 
             // A prompt cancelled or timed out while it is fed stops here: no token says so.
             for a in active.iter_mut() {
@@ -182,7 +316,7 @@ impl Worker {
                     chunk
                 };
                 let end = (a.fed + n).min(pending.len());
-                let s = &mut pool[a.slot];
+                let s = places.get(&a.place);
                 match engine.feed(s, &pending[a.fed..end]) {
                     Ok(logits) => {
                         a.fed = end;
@@ -213,11 +347,13 @@ impl Worker {
             let mut rows: heapless::Vec<usize, MAX_BATCH> = heapless::Vec::new();
             let mut tokens: heapless::Vec<u32, MAX_BATCH> = heapless::Vec::new();
             let mut batch: heapless::Vec<&mut Session, MAX_BATCH> = heapless::Vec::new();
-            for (slot, s) in pool.iter_mut().enumerate() {
-                if let Some(i) = active.iter().position(|a| a.slot == slot && decoding(a))
+            for (key, s) in places.all() {
+                if let Some(i) = active
+                    .iter()
+                    .position(|a| a.place.key() == key && decoding(a))
                     && !failed.iter().any(|(f, _)| *f == i)
                 {
-                    // Within MAX_BATCH: the pool has `max_batch` sessions.
+                    // Within MAX_BATCH: the batch has at most `max_batch` answers.
                     let _ = rows.push(i);
                     let _ = tokens.push(active[i].generation.pending()[0]);
                     let _ = batch.push(s);
@@ -241,7 +377,7 @@ impl Worker {
                             let res = a.generation.advance(
                                 &mut logits[r * n_vocab..(r + 1) * n_vocab],
                                 &mut prof,
-                                &pool[a.slot],
+                                places.get(&a.place),
                                 &mut a.prepared.sampler,
                                 &is_eog,
                                 &mut |t| stream.token(t, tok, ch, dl, shared),
@@ -274,6 +410,7 @@ impl Worker {
             }
             let a = active.remove(i);
             let req = &a.job.req;
+            let report = self.give_back(a.place, err.is_none());
             let ev = match err {
                 Some(e) => Event::Error(e),
                 None => {
@@ -287,7 +424,7 @@ impl Worker {
                         turn,
                         shape,
                         out,
-                        report: None,
+                        report,
                         text,
                         stop,
                         before_gen_ms: ms(a.started, a.gen_start),
@@ -299,13 +436,5 @@ impl Worker {
             };
             self.conclude(req, &a.job.channel, ev);
         }
-    }
-}
-
-/// The scratch sessions (only asked for when requests are batchable).
-fn scratch(sessions: &mut OpenSessions) -> &mut [Session] {
-    match sessions {
-        OpenSessions::Scratch(pool) | OpenSessions::Dir(_, pool) => pool,
-        OpenSessions::File(_) => &mut [],
     }
 }

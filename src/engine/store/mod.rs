@@ -65,6 +65,10 @@ pub enum StoreError {
     },
     #[error("system prompt: {0}")]
     Prefix(String),
+    #[error(
+        "no room for session {id}: every session held in RAM is in use by an answer being decoded"
+    )]
+    AllInUse { id: SessionId },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -170,6 +174,26 @@ struct Slot {
     /// What the last load from flash did, for the next turn's report.
     load: LoadReport,
     last_used: u64,
+    /// Taken by an answer ([`Lease`]): neither evicted nor given to another answer.
+    leased: bool,
+}
+
+/// A named session taken for one answer ([`SessionStore::lease`]): it stays in RAM, and no
+/// other answer uses it, until it is given back ([`SessionStore::give_back`]) or released.
+/// An answer decoded beside others holds one while the batch goes on.
+#[derive(Debug)]
+pub struct Lease {
+    slot: usize,
+    source: Source,
+    load: LoadReport,
+    prefix_tokens: usize,
+}
+
+impl Lease {
+    /// The session's place in the store: the same for no two leases held at once.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
 }
 
 /// Sessions on flash and in RAM, and the system prompts.
@@ -342,28 +366,96 @@ impl SessionStore {
         is_eog: &dyn Fn(u32) -> bool,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<(GenOutput, TurnReport), StoreError> {
+        let lease = self.lease(engine, id, prompt)?;
+        let s = self.session(&lease);
+        match engine.generate(s, prompt, params, sampler, is_eog, on_token) {
+            Ok(out) => Ok((out, self.give_back(lease))),
+            Err(e) => {
+                self.release(lease);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether session `id` can be leased now: no answer holds it, and it is in RAM or a slot
+    /// can take it (a free one, a new one within the RAM budget, or one to evict).
+    pub fn can_lease(&self, id: &SessionId) -> bool {
+        match self.slots.iter().find(|s| s.id.as_ref() == Some(id)) {
+            Some(s) => !s.leased,
+            None => self.slots.len() < self.max_resident || self.slots.iter().any(|s| !s.leased),
+        }
+    }
+
+    /// Takes session `id` for an answer after `prompt`: restores what it can (RAM, file, cached
+    /// prefix) into a session kept in RAM until [`give_back`](Self::give_back). The engine
+    /// then computes the rest of the prompt in it and generates, alone or beside others.
+    pub fn lease(
+        &mut self,
+        engine: &mut Engine,
+        id: &SessionId,
+        prompt: &[u32],
+    ) -> Result<Lease, StoreError> {
+        if !self.can_lease(id) {
+            return Err(StoreError::AllInUse { id: id.clone() });
+        }
         let (slot, source) = self.checkout(engine, id)?;
         let load = match source {
             Source::Ram => LoadReport::default(),
             _ => std::mem::take(&mut self.slots[slot].load),
         };
         let prefix_tokens = self.reuse_prefix(slot, prompt);
-        let s = &mut self.slots[slot];
-        let out = engine.generate(&mut s.session, prompt, params, sampler, is_eog, on_token)?;
+        self.slots[slot].leased = true;
+        Ok(Lease {
+            slot,
+            source,
+            load,
+            prefix_tokens,
+        })
+    }
+
+    /// The session a lease holds.
+    pub fn session(&mut self, lease: &Lease) -> &mut Session {
+        &mut self.slots[lease.slot].session
+    }
+
+    /// Every leased session, by its lease's place: what a batched step takes its sessions from.
+    pub fn leased_sessions(&mut self) -> impl Iterator<Item = (usize, &mut Session)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| s.leased)
+            .map(|(i, s)| (i, &mut s.session))
+    }
+
+    /// Gives back a session whose answer has ended: its new positions are appended to its file.
+    pub fn give_back(&mut self, lease: Lease) -> TurnReport {
+        let Lease {
+            slot,
+            source,
+            load,
+            prefix_tokens,
+        } = lease;
+        self.slots[slot].leased = false;
         let save = self.save_slot(slot);
         let s = &self.slots[slot];
         let file_tokens = s.file.as_ref().map_or(0, |f| f.tokens().len());
-        Ok((
-            out,
-            TurnReport {
-                source,
-                load,
-                prefix_tokens,
-                save,
-                file: self.session_path(id),
-                file_tokens,
-            },
-        ))
+        let file = match &s.id {
+            Some(id) => self.session_path(id),
+            None => PathBuf::new(),
+        };
+        TurnReport {
+            source,
+            load,
+            prefix_tokens,
+            save,
+            file,
+            file_tokens,
+        }
+    }
+
+    /// Gives back a session whose answer failed, unsaved (as the engine left it).
+    pub fn release(&mut self, lease: Lease) {
+        self.slots[lease.slot].leased = false;
     }
 
     /// Forgets session `id`: drops it from RAM and deletes its file.
@@ -393,7 +485,9 @@ impl SessionStore {
             self.slots[i].last_used = self.clock;
             return Ok((i, Source::Ram));
         }
-        let i = self.free_slot(engine);
+        let i = self
+            .free_slot(engine)
+            .ok_or_else(|| StoreError::AllInUse { id: id.clone() })?;
         let f = SnapshotFile::new(self.session_path(id), self.geometry.clone());
         let slot = &mut self.slots[i];
         slot.id = Some(id.clone());
@@ -417,10 +511,11 @@ impl SessionStore {
     }
 
     /// A slot to load a session into: a free one, a new one within the RAM budget, or the least
-    /// recently used one (evicted; its file keeps it).
-    fn free_slot(&mut self, engine: &Engine) -> usize {
-        if let Some(i) = self.slots.iter().position(|s| s.id.is_none()) {
-            return i;
+    /// recently used one that no answer holds (evicted; its file keeps it). `None` when every
+    /// slot is leased.
+    fn free_slot(&mut self, engine: &Engine) -> Option<usize> {
+        if let Some(i) = self.slots.iter().position(|s| s.id.is_none() && !s.leased) {
+            return Some(i);
         }
         if self.slots.len() < self.max_resident {
             self.slots.push(Slot {
@@ -430,13 +525,14 @@ impl SessionStore {
                 saved: true,
                 load: LoadReport::default(),
                 last_used: 0,
+                leased: false,
             });
-            return self.slots.len() - 1;
+            return Some(self.slots.len() - 1);
         }
         // Least recently used, preferring sessions whose file holds them.
         let i = (0..self.slots.len())
-            .min_by_key(|&i| (!self.slots[i].saved, self.slots[i].last_used))
-            .expect("at least one slot");
+            .filter(|&i| !self.slots[i].leased)
+            .min_by_key(|&i| (!self.slots[i].saved, self.slots[i].last_used))?;
         if !self.slots[i].saved && self.save_slot(i).is_err() {
             self.status.lost += 1;
             tracing::error!(
@@ -449,7 +545,7 @@ impl SessionStore {
         s.id = None;
         s.session.truncate(0);
         self.status.evicted_ram += 1;
-        i
+        Some(i)
     }
 
     /// Saves slot `i`'s new positions, then keeps the directory within the disk budget.

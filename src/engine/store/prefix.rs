@@ -116,7 +116,11 @@ impl SessionStore {
                 };
                 // Computed in a session slot: a prefix file has the engine's context, like a
                 // session's, so that it is saved from a cache of that shape.
-                let i = self.free_slot(engine);
+                let Some(i) = self.free_slot(engine) else {
+                    return Err(StoreError::Prefix(
+                        "every session held in RAM is in use by an answer: cached with a later request".into(),
+                    ));
+                };
                 let slot = &mut self.slots[i];
                 slot.session.truncate(0);
                 engine.feed(&mut slot.session, tokens)?;
