@@ -66,7 +66,7 @@ pub enum StoreError {
     #[error("system prompt: {0}")]
     Prefix(String),
     #[error(
-        "no room for session {id}: every session held in RAM is in use by an answer being decoded"
+        "session {id} cannot be taken now: it, or every session held in RAM, is in use by an answer being decoded"
     )]
     AllInUse { id: SessionId },
     #[error(transparent)]
