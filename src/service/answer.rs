@@ -10,7 +10,9 @@ use super::{
     Timings, Usage,
 };
 use crate::engine::constraint::Grammars;
-use crate::engine::store::{SessionFile, SessionStore, Source};
+use crate::engine::store::{
+    PrefixReport, SessionFile, SessionId, SessionStore, Source, TurnReport,
+};
 use crate::engine::{Engine, GenOutput, GenParams, Sampler, Session};
 use crate::tokenizer::{ChatTemplate, StreamDecoder};
 use std::collections::BTreeMap;
@@ -275,10 +277,7 @@ impl Worker {
                     &is_eog,
                     &mut on_token,
                 )?;
-                let mut r = SessionReport::of(Some(id), turn);
-                r.status = Some(store.status());
-                r.system_prompt = system;
-                (out, Some(r))
+                (out, Some(named_report(store, id, turn, system)))
             }
         };
         let (text, stop) = stream.end(channel, req.deadline, &self.shared);
@@ -591,6 +590,19 @@ fn empty_done(req: &Request, text: String) -> Done {
         constraint: None,
         shape: None,
     }
+}
+
+/// What a named session's turn did, with the store's status after it.
+pub(super) fn named_report(
+    store: &SessionStore,
+    id: &SessionId,
+    turn: TurnReport,
+    system_prompt: Option<PrefixReport>,
+) -> SessionReport {
+    let mut r = SessionReport::of(Some(id), turn);
+    r.status = Some(store.status());
+    r.system_prompt = system_prompt;
+    r
 }
 
 /// Caches the system prompt's prefix for `built`'s conversation (a failure only costs speed).

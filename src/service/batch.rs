@@ -15,10 +15,12 @@
 //! alone once the batch has drained. No request is admitted past a waiting one, so the queue's
 //! order and fairness hold.
 
-use super::answer::{Ended, OpenSessions, Prepared, TextStream, Worker, cache_system_prompt, ms};
+use super::answer::{
+    Ended, OpenSessions, Prepared, TextStream, Worker, cache_system_prompt, ms, named_report,
+};
 use super::worker::Job;
 use super::{Event, Prompt, Request, ServiceError, SessionReport};
-use crate::engine::store::{Lease, PrefixReport, SessionId, SessionStore};
+use crate::engine::store::{Lease, PrefixReport, SessionStore};
 use crate::engine::{Generation, MAX_BATCH, Session};
 use crate::runtime::Profile;
 use std::sync::Arc;
@@ -32,7 +34,6 @@ enum Place {
     /// A named session, lent by the store until the answer ends.
     Named {
         lease: Lease,
-        id: SessionId,
         /// The system prompt cached for it, for the answer's report.
         system: Option<PrefixReport>,
     },
@@ -153,11 +154,10 @@ impl Worker {
     /// session of the state directory.
     fn batchable(&self, req: &Request) -> bool {
         !matches!(req.prompt, Prompt::Forget | Prompt::History)
-            && match (&self.sessions, &req.session) {
-                (OpenSessions::Scratch(_) | OpenSessions::Dir(..), None) => true,
-                (OpenSessions::Dir(..), Some(_)) => true,
-                _ => false,
-            }
+            && matches!(
+                (&self.sessions, &req.session),
+                (OpenSessions::Dir(..), _) | (OpenSessions::Scratch(_), None)
+            )
     }
 
     /// Whether `req` can join the batch now: batchable, and its named session (if any) is not
@@ -209,11 +209,7 @@ impl Worker {
             (OpenSessions::Dir(store, _), Some(id)) => {
                 let system = cache_system_prompt(store, &mut self.engine, &prepared.built);
                 let lease = store.lease(&mut self.engine, id, &prepared.built.ids)?;
-                Place::Named {
-                    lease,
-                    id: id.clone(),
-                    system,
-                }
+                Place::Named { lease, system }
             }
             (sessions, _) => {
                 let pool = Places::of(sessions).pool;
@@ -258,7 +254,7 @@ impl Worker {
     /// Returns an ended answer's named session to the store (saved when the answer was given,
     /// as is when it failed), and says what the turn did. `None` for a scratch session.
     fn give_back(&mut self, place: Place, answered: bool) -> Option<SessionReport> {
-        let (Place::Named { lease, id, system }, OpenSessions::Dir(store, _)) =
+        let (Place::Named { lease, system }, OpenSessions::Dir(store, _)) =
             (place, &mut self.sessions)
         else {
             return None;
@@ -267,10 +263,9 @@ impl Worker {
             store.release(lease);
             return None;
         }
-        let mut r = SessionReport::of(Some(&id), store.give_back(lease));
-        r.status = Some(store.status());
-        r.system_prompt = system;
-        Some(r)
+        let id = lease.id().clone();
+        let turn = store.give_back(lease);
+        Some(named_report(store, &id, turn, system))
     }
 
     /// One step: a chunk of one prompt (the oldest still being fed), then one token of every

@@ -184,6 +184,7 @@ struct Slot {
 #[derive(Debug)]
 pub struct Lease {
     slot: usize,
+    id: SessionId,
     source: Source,
     load: LoadReport,
     prefix_tokens: usize,
@@ -193,6 +194,11 @@ impl Lease {
     /// The session's place in the store: the same for no two leases held at once.
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// The session's name.
+    pub fn id(&self) -> &SessionId {
+        &self.id
     }
 }
 
@@ -407,6 +413,7 @@ impl SessionStore {
         self.slots[slot].leased = true;
         Ok(Lease {
             slot,
+            id: id.clone(),
             source,
             load,
             prefix_tokens,
@@ -431,24 +438,23 @@ impl SessionStore {
     pub fn give_back(&mut self, lease: Lease) -> TurnReport {
         let Lease {
             slot,
+            id,
             source,
             load,
             prefix_tokens,
         } = lease;
         self.slots[slot].leased = false;
         let save = self.save_slot(slot);
-        let s = &self.slots[slot];
-        let file_tokens = s.file.as_ref().map_or(0, |f| f.tokens().len());
-        let file = match &s.id {
-            Some(id) => self.session_path(id),
-            None => PathBuf::new(),
-        };
+        let file_tokens = self.slots[slot]
+            .file
+            .as_ref()
+            .map_or(0, |f| f.tokens().len());
         TurnReport {
             source,
             load,
             prefix_tokens,
             save,
-            file,
+            file: self.session_path(&id),
             file_tokens,
         }
     }
