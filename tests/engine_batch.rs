@@ -4,9 +4,9 @@
 //! count; so greedy and seeded answers do not depend on who else the appliance is serving.
 //!
 //! Each session's run alone is the reference: its prompt fed, then one token at a time. The
-//! same sessions then run together: they arrive in a shuffled order, each prompt processed
-//! between decoding steps, and each step takes a shuffled subset of the running sessions, of
-//! every size from 1 to the engine's batch.
+//! same sessions then run together: they arrive in a shuffled order, each prompt fed in pieces
+//! of random sizes between decoding steps, and each step takes a shuffled subset of the running
+//! sessions, of every size from 1 to the engine's batch.
 
 mod common;
 
@@ -98,7 +98,7 @@ fn together(
     seed: u64,
 ) -> Vec<Vec<(u64, u32)>> {
     let n_vocab = e.model().hp.n_vocab;
-    let batch = e.config().max_batch;
+    let (batch, chunk) = (e.config().max_batch, e.config().chunk);
     let mut rng = Lcg(seed | 1);
     let n = prompts.len();
     let mut arrivals: Vec<usize> = (0..n).collect();
@@ -109,19 +109,32 @@ fn together(
     // The token each running session decodes next.
     let mut next: Vec<Option<u32>> = vec![None; n];
     let mut arrived = 0;
+    // The prompt being fed, a piece between two steps: its session and the tokens fed so far.
+    let mut feeding: Option<(usize, usize)> = None;
     let mut guard = 0;
     while runs.iter().any(|r| r.len() <= steps) {
         guard += 1;
         assert!(guard < 100 * n * (steps + 1), "the schedule does not end");
-        // A prompt arrives before this step when nothing runs, or one time in three.
+        // A prompt arrives when nothing runs, or one time in three; it goes in pieces of 1 to
+        // a chunk's tokens, one piece before each step.
         let running: Vec<usize> = (0..n).filter(|&i| next[i].is_some()).collect();
-        if arrived < n && (running.is_empty() || rng.below(3) == 0) {
-            let i = arrivals[arrived];
+        if feeding.is_none() && arrived < n && (running.is_empty() || rng.below(3) == 0) {
+            feeding = Some((arrivals[arrived], 0));
             arrived += 1;
-            let mut logits = e.feed(&mut sessions[i], &prompts[i]).unwrap().to_vec();
-            let tok = samplers[i].sample(&mut logits, sessions[i].tokens());
-            runs[i].push(digest(&logits, tok));
-            next[i] = (runs[i].len() <= steps).then_some(tok);
+        }
+        if let Some((i, fed)) = feeding {
+            let end = (fed + 1 + rng.below(chunk)).min(prompts[i].len());
+            let logits = e.feed(&mut sessions[i], &prompts[i][fed..end]).unwrap();
+            feeding = Some((i, end));
+            if end == prompts[i].len() {
+                let mut logits = logits.to_vec();
+                let tok = samplers[i].sample(&mut logits, sessions[i].tokens());
+                runs[i].push(digest(&logits, tok));
+                next[i] = (runs[i].len() <= steps).then_some(tok);
+                feeding = None;
+            }
+        }
+        if running.is_empty() {
             continue;
         }
         // A shuffled subset of the running sessions, of 1 to `batch`.

@@ -461,5 +461,8 @@ fn real_model_chats_together_are_the_chats_alone() {
     let h = svc.handle();
     let got = together(&h, &reqs);
     same("SmolLM2 Q4_0", &got, &want);
-    assert!(h.counters().batched_steps.load(Ordering::Relaxed) >= 10);
+    // The answers overlapped. Fewer steps batch than the answers are long: a prompt longer than
+    // a chunk (8 tokens here) that comes while others stream is fed in pieces between steps.
+    let n = h.counters().batched_steps.load(Ordering::Relaxed);
+    assert!(n >= 5, "only {n} steps decoded several answers");
 }

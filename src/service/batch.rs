@@ -2,8 +2,9 @@
 //! ([`Engine::decode`]), which streams the weights once for all of them.
 //!
 //! A request joins the batch at the next step and leaves it when it ends (finished, cancelled,
-//! past its deadline). Its prompt goes in a chunk per step, between the decode steps of the
-//! others, so a long prompt does not stall the answers already streaming. Every answer is a
+//! past its deadline). Its prompt goes in a piece per step, between the decode steps of the
+//! others, each piece sized to take a share of a step ([`Pace`]), so a long prompt does not
+//! stall the answers already streaming. Every answer is a
 //! [`Generation`] advanced step by step in a session of its own: a scratch session, or a named
 //! session the store lends it ([`Lease`]) until the answer ends. The engine's batched step
 //! gives each session the bits it gets alone: an answer has the same tokens whatever runs
@@ -18,6 +19,7 @@
 use super::answer::{
     Ended, OpenSessions, Prepared, TextStream, Worker, cache_system_prompt, ms, named_report,
 };
+use super::pace::Pace;
 use super::worker::Job;
 use super::{Event, Prompt, Request, ServiceError, SessionReport};
 use crate::engine::store::{Lease, PrefixReport, SessionStore};
@@ -65,7 +67,7 @@ struct Active {
     started: Instant,
     queue_ms: f64,
     gen_start: Instant,
-    /// Tokens of `generation.pending()` already fed (a prompt goes in a chunk per step).
+    /// Tokens of `generation.pending()` already fed (a prompt goes in a piece per step).
     fed: usize,
 }
 
@@ -119,6 +121,7 @@ impl Worker {
         let max = self.engine.config().max_batch;
         let mut active: Vec<Active> = Vec::with_capacity(max);
         let mut held: Option<Job> = None;
+        let mut pace = Pace::default();
         loop {
             if let Some(job) = held.take() {
                 if self.joins_now(&job.req) {
@@ -144,7 +147,7 @@ impl Worker {
                 }
             }
             if !active.is_empty() {
-                self.step(&mut active);
+                self.step(&mut active, &mut pace);
             }
         }
         tracing::debug!("worker stopped");
@@ -268,9 +271,9 @@ impl Worker {
         Some(named_report(store, &id, turn, system))
     }
 
-    /// One step: a chunk of one prompt (the oldest still being fed), then one token of every
+    /// One step: a piece of one prompt (the oldest still being fed), then one token of every
     /// answer that is decoding, all in one forward pass; the answers that ended leave.
-    fn step(&mut self, active: &mut Vec<Active>) {
+    fn step(&mut self, active: &mut Vec<Active>, pace: &mut Pace) {
         self.shared.progress();
         let chunk = self.engine.config().chunk;
         let model = Arc::clone(self.engine.model());
@@ -297,23 +300,31 @@ impl Worker {
                 }
             }
 
+            // Every answer with one token to feed: one forward pass for all of them.
+            let decoding =
+                |a: &Active| !a.generation.is_finished() && a.generation.pending().len() == 1;
+            let streaming = active.iter().any(decoding);
             if let Some((i, a)) = active
                 .iter_mut()
                 .enumerate()
                 .find(|(_, a)| !a.generation.is_finished() && a.generation.pending().len() > 1)
             {
                 let pending = a.generation.pending();
-                // Pieces as `Engine::generate` cuts them (the chunk's multiples from the start),
-                // so the prompt is computed as it is alone.
                 let n = if a.generation.feed_one_by_one() {
                     1
                 } else {
-                    chunk
+                    // A prompt of one chunk goes whole: it delays the others' next token
+                    // once, by a chunk's time. A longer one is paced.
+                    pace.piece(chunk, streaming && pending.len() > chunk)
                 };
                 let end = (a.fed + n).min(pending.len());
                 let s = places.get(&a.place);
+                let t0 = Instant::now();
                 match engine.feed(s, &pending[a.fed..end]) {
                     Ok(logits) => {
+                        if end < pending.len() {
+                            pace.fed(end - a.fed, t0.elapsed());
+                        }
                         a.fed = end;
                         if end == pending.len() {
                             a.fed = 0;
@@ -336,9 +347,6 @@ impl Worker {
                 }
             }
 
-            // Every answer with one token to feed: one forward pass for all of them.
-            let decoding =
-                |a: &Active| !a.generation.is_finished() && a.generation.pending().len() == 1;
             let mut rows: heapless::Vec<usize, MAX_BATCH> = heapless::Vec::new();
             let mut tokens: heapless::Vec<u32, MAX_BATCH> = heapless::Vec::new();
             let mut batch: heapless::Vec<&mut Session, MAX_BATCH> = heapless::Vec::new();
@@ -356,6 +364,7 @@ impl Worker {
             }
             if !rows.is_empty() {
                 let n_vocab = model.hp.n_vocab;
+                let t0 = Instant::now();
                 match engine.decode(&mut batch, &tokens) {
                     Ok(logits) => {
                         drop(batch);
@@ -381,6 +390,7 @@ impl Worker {
                                 failed.push((i, e.into()));
                             }
                         }
+                        pace.stepped(t0.elapsed());
                     }
                     Err(e) => {
                         let e: ServiceError = e.into();

@@ -24,6 +24,7 @@
 mod answer;
 mod batch;
 pub mod conversation;
+mod pace;
 pub mod prompt;
 pub mod queue;
 pub mod refusal;
