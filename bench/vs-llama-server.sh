@@ -37,7 +37,9 @@ model=${1:-$(EDGELLM_BIN="$work/edgellm" models/fetch.sh q4_0 | tail -n 1)}
 server="$(bench/build-llamacpp.sh --server)/bin/llama-server"
 
 python3 - "$work" "$out" "$model" "$server" "$threads" "$streams" "$ng" "$rounds" "$ctx" <<'PY'
-import http.client, json, os, signal, socket, statistics as st, subprocess, sys, threading, time
+import http.client, json, os, statistics as st, subprocess, sys, threading, time
+sys.path.insert(0, "bench")
+from benchlib import free_port, mosquitto, pct, stop
 
 work, out, model, server, threads, streams, ng, rounds, ctx = sys.argv[1:]
 streams, ng, rounds, ctx = int(streams), int(ng), int(rounds), int(ctx)
@@ -47,28 +49,6 @@ started = []
 
 def log(*a):
     print("vs-llama-server:", *a, file=sys.stderr, flush=True)
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-def stop(p, within=20):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(within)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-def pct(xs, p):
-    """Nearest rank, as `edgellm ask` reports it: always one of the samples."""
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = max(1, min(len(xs), -(-p * len(xs) // 100)))
-    return xs[int(k) - 1]
 
 def llama_round(port):
     """STREAMS streamed chat requests at once; aggregate t/s and the gaps between chunks."""
@@ -125,11 +105,7 @@ def edgellm_round(port):
     return s
 
 try:
-    bport = free_port()
-    with open(f"{work}/mosquitto.conf", "w") as f:
-        f.write(f"listener {bport} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\n")
-    started.append(subprocess.Popen(["mosquitto", "-c", f"{work}/mosquitto.conf"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    bport = mosquitto(work, "mosquitto", started)
     conf = f"{work}/edgellm.toml"
     with open(conf, "w") as f:
         f.write(f"[model]\nmax_batch = {streams}\n")
