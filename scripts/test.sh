@@ -138,6 +138,9 @@ a64_edgellm=(-p edgellm --config 'profile.test.package."*".opt-level=0')
 # cortex-a53 (neon).
 EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_synth --test engine_packed --test no_alloc
 EDGELLM_QEMU_CPUS=cortex-a53 scripts/test-aarch64.sh "${a64_edgellm[@]}" --test no_alloc
+# Batch invariance in the engine on every path (max): a session's logits decoded beside others,
+# its prompt fed in pieces between steps, are its logits alone.
+EDGELLM_QEMU_CPUS=max scripts/test-aarch64.sh "${a64_edgellm[@]}" --test engine_batch -- synthetic_
 # Batch invariance through the service's continuous batching: answers decoded together, in
 # shuffled orders and batch sizes, scratch and named sessions, are the answers alone (the
 # dotprod path of a cortex-a76).
