@@ -56,3 +56,19 @@ def pct(xs, p):
         return None
     k = max(1, min(len(xs), -(-p * len(xs) // 100)))
     return xs[int(k) - 1]
+
+
+def ask_repeat(exe, port, device, question, n, c, tokens, who):
+    """`edgellm ask --repeat n --concurrency c -n tokens --json` against the daemon `device`
+    behind the broker on `port`: its summary, every request answered, or exits naming `who`."""
+    import json
+    r = subprocess.run([exe, "ask", "--broker", f"127.0.0.1:{port}", "--device", device,
+                        "--repeat", str(n), "--concurrency", str(c), "-n", str(tokens),
+                        "--timeout", "300", "--json", question],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"{who}: edgellm ask failed: {r.stderr}")
+    s = json.loads(r.stdout)
+    if s["ok"] != n:
+        raise SystemExit(f"{who}: {s['ok']} of {n} answered: {r.stdout}")
+    return s

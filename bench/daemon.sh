@@ -53,7 +53,9 @@ command -v mosquitto >/dev/null || { echo "bench: needs mosquitto (Debian packag
 
 python3 - "$out" "$model" "$threads" "$ng" "$load_n" "$load_c" "$lat_n" "$rounds" \
     "$ready_runs" "$idle_s" "$(stat -c %s "$out/edgellm.stripped")" "$size_nb" <<'PY'
-import json, os, signal, socket, statistics as st, subprocess, sys, threading, time
+import json, os, socket, statistics as st, subprocess, sys, threading, time
+sys.path.insert(0, "bench")
+from benchlib import free_port, stop, wait_listening
 
 (out, model, threads, ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s, size, size_nb) = sys.argv[1:]
 ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s = map(int, (ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s))
@@ -63,30 +65,6 @@ started = []  # every process we start, stopped at the end whatever happens
 
 def log(*a):
     print("bench:", *a, file=sys.stderr, flush=True)
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-def wait_listening(port, within=20):
-    until = time.monotonic() + within
-    while time.monotonic() < until:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    sys.exit(f"bench: nothing listens on {port} after {within} s")
-
-def stop(p, within=20):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(within)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 def broker(name, extra):
     port = free_port()
@@ -162,8 +140,9 @@ def bench_tg():
     return json.loads(r.stdout)[0]["tg_tps"]
 
 try:
-    wait_listening(port)
-    wait_listening(stock_port)
+    for p in (port, stock_port):
+        if not wait_listening(p):
+            sys.exit(f"bench: nothing listens on {p} after 20 s")
     load_before = os.getloadavg()
     # Start to READY=1: the model mapped and packed, the MQTT subscriptions in place.
     ready = []

@@ -23,22 +23,13 @@ prompt=${PROMPT:-1000}
 delay=${DELAY:-0.5}
 rounds=${ROUNDS:-3}
 chunk=${CHUNK:-64}
-target=${CARGO_TARGET_DIR:-$PWD/target}
-command -v mosquitto >/dev/null || { echo "long-prompt: needs mosquitto (scripts/setup.sh)" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-out=${OUT:-$work/raw}
-mkdir -p "$out"
-echo "long-prompt: release build" >&2
-cargo build --release --quiet --bin edgellm
-cp "$target/release/edgellm" "$work/edgellm"
-model=${1:-$(EDGELLM_BIN="$work/edgellm" models/fetch.sh q4_0 | tail -n 1)}
-[ -f "$model" ] || { echo "long-prompt: no model file $model" >&2; exit 1; }
+name=long-prompt
+. bench/daemon-prep.sh
 
 python3 - "$work" "$out" "$model" "$threads" "$streams" "$ng" "$prompt" "$delay" "$rounds" "$chunk" <<'PY'
 import json, os, statistics as st, subprocess, sys, threading, time
 sys.path.insert(0, "bench")
-from benchlib import mosquitto, stop
+from benchlib import ask_repeat, mosquitto, stop
 
 work, out, model, threads, streams, ng, prompt, delay, rounds, chunk = sys.argv[1:]
 streams, ng, prompt, rounds, chunk, delay = int(streams), int(ng), int(prompt), int(rounds), int(chunk), float(delay)
@@ -67,16 +58,7 @@ def long_text(rnd):
     return text
 
 def ask(port, question, n, c, tokens_each):
-    r = subprocess.run([exe, "ask", "--broker", f"127.0.0.1:{port}", "--device", "lp",
-                        "--repeat", str(n), "--concurrency", str(c), "-n", str(tokens_each),
-                        "--timeout", "300", "--json", question],
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        raise SystemExit(f"long-prompt: edgellm ask failed: {r.stderr}")
-    s = json.loads(r.stdout)
-    if s["ok"] != n:
-        raise SystemExit(f"long-prompt: {s['ok']} of {n} answered: {r.stdout}")
-    return s
+    return ask_repeat(exe, port, "lp", question, n, c, tokens_each, "long-prompt")
 
 def streams_run(port):
     return ask(port, QUESTION, streams, streams, ng)

@@ -23,23 +23,14 @@ streams=${STREAMS:-4}
 ng=${NG:-64}
 rounds=${ROUNDS:-3}
 ctx=${CTX:-512}
-target=${CARGO_TARGET_DIR:-$PWD/target}
-command -v mosquitto >/dev/null || { echo "vs-llama-server: needs mosquitto (scripts/setup.sh)" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-out=${OUT:-$work/raw}
-mkdir -p "$out"
-echo "vs-llama-server: release build" >&2
-cargo build --release --quiet --bin edgellm
-cp "$target/release/edgellm" "$work/edgellm"
-model=${1:-$(EDGELLM_BIN="$work/edgellm" models/fetch.sh q4_0 | tail -n 1)}
-[ -f "$model" ] || { echo "vs-llama-server: no model file $model" >&2; exit 1; }
+name=vs-llama-server
+. bench/daemon-prep.sh
 server="$(bench/build-llamacpp.sh --server)/bin/llama-server"
 
 python3 - "$work" "$out" "$model" "$server" "$threads" "$streams" "$ng" "$rounds" "$ctx" <<'PY'
 import http.client, json, os, statistics as st, subprocess, sys, threading, time
 sys.path.insert(0, "bench")
-from benchlib import free_port, mosquitto, pct, stop
+from benchlib import ask_repeat, free_port, mosquitto, pct, stop
 
 work, out, model, server, threads, streams, ng, rounds, ctx = sys.argv[1:]
 streams, ng, rounds, ctx = int(streams), int(ng), int(rounds), int(ctx)
@@ -93,16 +84,7 @@ def llama_round(port):
             "inter_chunk_ms": {"n": len(gaps), "p50": pct(gaps, 50), "p99": pct(gaps, 99)}}
 
 def edgellm_round(port):
-    r = subprocess.run([exe, "ask", "--broker", f"127.0.0.1:{port}", "--device", "vs",
-                        "--repeat", str(streams), "--concurrency", str(streams), "-n", str(ng),
-                        "--timeout", "300", "--json", QUESTION],
-                       capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        raise SystemExit(f"vs-llama-server: edgellm ask failed: {r.stderr}")
-    s = json.loads(r.stdout)
-    if s["ok"] != streams:
-        raise SystemExit(f"vs-llama-server: {s['ok']} of {streams} answered: {r.stdout}")
-    return s
+    return ask_repeat(exe, port, "vs", QUESTION, streams, streams, ng, "vs-llama-server")
 
 try:
     bport = mosquitto(work, "mosquitto", started)
