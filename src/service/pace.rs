@@ -3,9 +3,9 @@
 //! A prompt that arrives while other answers stream is fed in pieces between their decode
 //! steps. Each piece delays their next token by its own time, so a piece is sized from what
 //! the batch measures as it runs: a piece takes about [`Pace::SHARE`] of a decode step, and
-//! the answers already streaming see their tokens come at most that much slower (1.5× at
-//! most, a steadier pace than one prompt chunk between two tokens would give). The prompt's
-//! own answer starts later for it. With no answer decoding the prompt goes in whole chunks:
+//! the answers already streaming see their tokens come about that much slower (about 1.5× as
+//! far apart, where a whole chunk deep in a long prompt can take many steps' time). The
+//! prompt's own answer starts later for it. With no answer decoding the prompt goes in whole chunks:
 //! nobody waits on it.
 //!
 //! The piece size changes nothing in the answer: a prompt fed in pieces of any size computes
@@ -38,7 +38,7 @@ impl Pace {
         }
         match (self.step_s, self.token_s) {
             (Some(step), Some(token)) if token > 0.0 => {
-                // In range before the cast: a float beyond usize saturates, NaN is caught above.
+                // Clamped before the cast; a step or token time is never NaN (`token > 0.0`).
                 (Self::SHARE * step / token).clamp(1.0, chunk as f64) as usize
             }
             _ => chunk,
@@ -50,9 +50,9 @@ impl Pace {
         Self::update(&mut self.step_s, took.as_secs_f64());
     }
 
-    /// A prompt piece of `tokens` took `took`. Only pieces without the prompt's logits count:
-    /// the last piece also computes the output layer, which would make the next prompt's
-    /// pieces smaller than they need be.
+    /// A prompt piece of `tokens` took `took`. The caller leaves out a prompt's last piece: it
+    /// also computes the output layer, which would make the next pieces smaller than they need
+    /// be.
     pub(super) fn fed(&mut self, tokens: usize, took: Duration) {
         if tokens > 0 {
             Self::update(&mut self.token_s, took.as_secs_f64() / tokens as f64);
