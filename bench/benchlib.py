@@ -58,14 +58,15 @@ def pct(xs, p):
     return xs[int(k) - 1]
 
 
-def ask_repeat(exe, port, device, question, n, c, tokens, who):
+def ask_repeat(exe, port, device, question, n, c, tokens, who, ask_timeout=300, within=900):
     """`edgellm ask --repeat n --concurrency c -n tokens --json` against the daemon `device`
-    behind the broker on `port`: its summary, every request answered, or exits naming `who`."""
+    behind the broker on `port`: its summary, every request answered, or exits naming `who`.
+    `ask_timeout`: ask's --timeout for each request; `within`: seconds for the whole run."""
     import json
     r = subprocess.run([exe, "ask", "--broker", f"127.0.0.1:{port}", "--device", device,
                         "--repeat", str(n), "--concurrency", str(c), "-n", str(tokens),
-                        "--timeout", "300", "--json", question],
-                       capture_output=True, text=True, timeout=900)
+                        "--timeout", str(ask_timeout), "--json", question],
+                       capture_output=True, text=True, timeout=within)
     if r.returncode != 0:
         raise SystemExit(f"{who}: edgellm ask failed: {r.stderr}")
     s = json.loads(r.stdout)

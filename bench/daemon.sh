@@ -55,7 +55,7 @@ python3 - "$out" "$model" "$threads" "$ng" "$load_n" "$load_c" "$lat_n" "$rounds
     "$ready_runs" "$idle_s" "$(stat -c %s "$out/edgellm.stripped")" "$size_nb" <<'PY'
 import json, os, socket, statistics as st, subprocess, sys, threading, time
 sys.path.insert(0, "bench")
-from benchlib import free_port, stop, wait_listening
+from benchlib import ask_repeat, free_port, stop, wait_listening
 
 (out, model, threads, ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s, size, size_nb) = sys.argv[1:]
 ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s = map(int, (ng, load_n, load_c, lat_n, rounds, ready_runs, idle_s))
@@ -121,16 +121,8 @@ def proc(pid):
     return cpu, mem["VmRSS"], mem["VmHWM"]
 
 def load(device, n, c, tokens, port=port):
-    r = subprocess.run([exe, "ask", "--broker", f"127.0.0.1:{port}", "--device", device,
-                        "--repeat", str(n), "--concurrency", str(c), "-n", str(tokens),
-                        "--timeout", "120", "--json", "Tell me about the sea."],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        sys.exit(f"bench: ask --repeat failed: {r.stderr}")
-    s = json.loads(r.stdout)
-    if s["ok"] != n:
-        sys.exit(f"bench: {s['ok']} of {n} requests answered: {r.stdout}")
-    return s
+    return ask_repeat(exe, port, device, "Tell me about the sea.", n, c, tokens, "bench",
+                      ask_timeout=120, within=600)
 
 def bench_tg():
     r = subprocess.run([exe, "bench", "-m", model, "-p", "0", "-n", str(ng), "-t", threads,

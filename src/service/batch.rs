@@ -4,8 +4,8 @@
 //! A request joins the batch at the next step and leaves it when it ends (finished, cancelled,
 //! past its deadline). Its prompt goes in a piece per step, between the decode steps of the
 //! others, each piece sized to take a share of a step ([`Pace`]), so a long prompt does not
-//! stall the answers already streaming. Every answer is a
-//! [`Generation`] advanced step by step in a session of its own: a scratch session, or a named
+//! stall the answers already streaming. Every answer is a [`Generation`] advanced step by
+//! step in a session of its own: a scratch session, or a named
 //! session the store lends it ([`Lease`]) until the answer ends. The engine's batched step
 //! gives each session the bits it gets alone: an answer has the same tokens whatever runs
 //! beside it.
@@ -300,7 +300,7 @@ impl Worker {
                 }
             }
 
-            // Every answer with one token to feed: one forward pass for all of them.
+            // An answer decoding has one token to feed; while any does, a long prompt is paced.
             let decoding =
                 |a: &Active| !a.generation.is_finished() && a.generation.pending().len() == 1;
             let streaming = active.iter().any(decoding);
@@ -347,6 +347,7 @@ impl Worker {
                 }
             }
 
+            // Every answer with one token to feed: one forward pass for all of them.
             let mut rows: heapless::Vec<usize, MAX_BATCH> = heapless::Vec::new();
             let mut tokens: heapless::Vec<u32, MAX_BATCH> = heapless::Vec::new();
             let mut batch: heapless::Vec<&mut Session, MAX_BATCH> = heapless::Vec::new();

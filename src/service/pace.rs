@@ -5,8 +5,8 @@
 //! the batch measures as it runs: a piece takes about [`Pace::SHARE`] of a decode step, and
 //! the answers already streaming see their tokens come about that much slower (about 1.5× as
 //! far apart, where a whole chunk deep in a long prompt can take many steps' time). The
-//! prompt's own answer starts later for it. With no answer decoding the prompt goes in whole chunks:
-//! nobody waits on it.
+//! prompt's own answer starts later for it. With no answer decoding the prompt goes in whole
+//! chunks: nobody waits on it.
 //!
 //! The piece size changes nothing in the answer: a prompt fed in pieces of any size computes
 //! the bits it computes in one go (the engine's tests hold it to that).
@@ -24,7 +24,7 @@ pub(super) struct Pace {
 
 impl Pace {
     /// The share of a decode step a prompt piece may take while answers stream.
-    pub(super) const SHARE: f64 = 0.5;
+    const SHARE: f64 = 0.5;
     /// Weight of the newest measure in the moving averages: a few steps follow a change (a
     /// wider batch, a longer context, a busy core).
     const NEW: f64 = 0.25;
