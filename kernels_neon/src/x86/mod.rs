@@ -4,9 +4,10 @@
 //! a `#[target_feature(enable = "avx2,fma,f16c")]` body in an `unsafe` block. They are
 //! `pub(crate)` and reachable only through [`AVX2`], which `dispatch::Kernels::for_path`
 //! hands out only after `is_x86_feature_detected!` confirmed avx2, fma and f16c. Nothing here
-//! uses AVX-512 except `vpdpbusd` (as `asm!`) in the [`AVX512VNNI`] table's integer sums,
-//! which `dispatch` hands out only after also detecting avx512vnni and avx512vl; nothing
-//! depends on build-time CPU flags.
+//! uses AVX-512 except EVEX instructions on 256-bit registers written as `asm!` (`vpdpbusd`,
+//! and in the packed prompt tiles its embedded-broadcast form) in the [`AVX512VNNI`] table's
+//! integer sums, which `dispatch` hands out only after also detecting avx512vnni and
+//! avx512vl; nothing depends on build-time CPU flags.
 //!
 //! - `quant`: Q8_0/Q8_1 activation quantizers, byte-identical to the references.
 //! - `dot`: integer dot products (`maddubs`/`madd`) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 for groups of four

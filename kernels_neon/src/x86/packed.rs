@@ -28,6 +28,9 @@ trait Pk: PackedFormat {
     /// # Safety
     /// Needs avx2, fma and f16c.
     unsafe fn scales(p: &Self) -> (__m256, __m256);
+    /// Where the activation block's integer correction lies (`Fmt::as_corr`), for formats
+    /// that have one: a prompt tile broadcasts it from memory.
+    fn corr(s: &<Self::F as Fmt>::AS) -> Option<&i32>;
 }
 
 /// Q4 values of a packed block: granule `c`'s low nibbles are values `4c..4c+4` (vector `c`),
@@ -58,6 +61,10 @@ impl Pk for BlockQ4_0x8 {
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
         (load_ph(&p.d), _mm256_setzero_ps())
     }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> Option<&i32> {
+        Some(&s.1)
+    }
 }
 
 impl Pk for BlockQ4_1x8 {
@@ -71,6 +78,10 @@ impl Pk for BlockQ4_1x8 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
         (load_ph(&p.d), load_ph(&p.m))
+    }
+    #[inline]
+    fn corr(_: &(f32, f32)) -> Option<&i32> {
+        None
     }
 }
 
@@ -94,6 +105,10 @@ impl Pk for BlockQ8_0x8 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: &Self) -> (__m256, __m256) {
         (load_ph(&p.d), _mm256_setzero_ps())
+    }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> Option<&i32> {
+        Some(&s.1)
     }
 }
 
@@ -130,12 +145,24 @@ unsafe fn isum(vals: &[__m256i; 8], y: &[i8; 32]) -> __m256i {
 /// One block's step of a (row group, token) accumulator: the tile's float sequence.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn step<F: Fmt>(acc: __m256, sumi: __m256i, (wd, wm): (__m256, __m256), s: &F::AS) -> __m256 {
+fn step<F: Fmt>(acc: __m256, sumi: __m256i, scales: (__m256, __m256), s: &F::AS) -> __m256 {
     let sumi = if F::HAS_CORR {
         _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(s)))
     } else {
         sumi
     };
+    step_corrected::<F>(acc, sumi, scales, s)
+}
+
+/// [`step`] on a block sum whose correction is already subtracted.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step_corrected<F: Fmt>(
+    acc: __m256,
+    sumi: __m256i,
+    (wd, wm): (__m256, __m256),
+    s: &F::AS,
+) -> __m256 {
     let scale = _mm256_mul_ps(wd, _mm256_set1_ps(F::as_d(s)));
     let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc);
     if F::HAS_MIN {
@@ -283,7 +310,70 @@ where
     store_acc(out, 1, g, 0, acc);
 }
 
-/// Group `g` × tokens `t..t + RN`: each block's values unpacked once for the `RN` tokens.
+/// `vals · y` per lane (exact), minus `*corr` when there is one: [`isum`] with each group of
+/// four activation bytes broadcast from memory by the product itself (EVEX embedded broadcast),
+/// so a granule costs one instruction instead of a load, a broadcast and the product. Written
+/// as `asm!` for the reason [`dpbusd`] is; in a prompt tile the instructions per block, not
+/// the products' throughput, bounded the speed.
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn isum_bcast(vals: &[__m256i; 8], y: &[i8; 32], corr: Option<&i32>) -> __m256i {
+    let s: __m256i;
+    let y = y.as_ptr();
+    macro_rules! products {
+        ($($tail:literal),*) => {
+            // SAFETY: the caller guarantees avx512vnni and avx512vl (EVEX `vpdpbusd`, embedded
+            // broadcasts); every load is 4 bytes at `y + 4j` (j < 8) of the 32-byte `y`, or the
+            // `i32` behind `corr`; registers only otherwise, no stack, flags untouched.
+            unsafe {
+                std::arch::asm!(
+                    "vpxor {a}, {a}, {a}",
+                    "vpxor {b}, {b}, {b}",
+                    "vpdpbusd {a}, {v0}, dword ptr [{y}]{{1to8}}",
+                    "vpdpbusd {b}, {v1}, dword ptr [{y} + 4]{{1to8}}",
+                    "vpdpbusd {a}, {v2}, dword ptr [{y} + 8]{{1to8}}",
+                    "vpdpbusd {b}, {v3}, dword ptr [{y} + 12]{{1to8}}",
+                    "vpdpbusd {a}, {v4}, dword ptr [{y} + 16]{{1to8}}",
+                    "vpdpbusd {b}, {v5}, dword ptr [{y} + 20]{{1to8}}",
+                    "vpdpbusd {a}, {v6}, dword ptr [{y} + 24]{{1to8}}",
+                    "vpdpbusd {b}, {v7}, dword ptr [{y} + 28]{{1to8}}",
+                    "vpaddd {a}, {a}, {b}",
+                    $($tail,)*
+                    a = out(ymm_reg) s,
+                    b = out(ymm_reg) _,
+                    v0 = in(ymm_reg) vals[0],
+                    v1 = in(ymm_reg) vals[1],
+                    v2 = in(ymm_reg) vals[2],
+                    v3 = in(ymm_reg) vals[3],
+                    v4 = in(ymm_reg) vals[4],
+                    v5 = in(ymm_reg) vals[5],
+                    v6 = in(ymm_reg) vals[6],
+                    v7 = in(ymm_reg) vals[7],
+                    y = in(reg) y,
+                    c = in(reg) corr.map_or(std::ptr::null(), |c| c as *const i32),
+                    options(pure, readonly, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+    match corr {
+        Some(_) => products!("vpsubd {a}, {a}, dword ptr [{c}]{{1to8}}"),
+        None => products!("/* no correction: {c} */"),
+    }
+    s
+}
+
+/// One token's activation blocks of a chunk and their scalars.
+type TokenBlocks<'a, P> = (
+    &'a [<<P as Pk>::F as Fmt>::A],
+    &'a [<<P as Pk>::F as Fmt>::AS],
+);
+
+/// Group `g` × tokens `t..t + RN`: each block's values unpacked once for the `RN` tokens, the
+/// tokens written out one by one so that their accumulators stay in registers.
 ///
 /// # Safety
 /// avx512vnni and avx512vl besides this function's features.
@@ -293,22 +383,45 @@ unsafe fn mm_tile<P: Pk, const RN: usize>(c: &Chunk<'_, P>, g: usize, t: usize, 
 where
     <P::F as Fmt>::A: Act,
 {
+    const { assert!(RN >= 1 && RN <= 4) };
     let (nb, kb, k0, n) = (c.nb, c.kb, c.k0, c.n_tok);
-    let mut acc: [__m256; RN] = std::array::from_fn(|j| load_acc(out, n, g, t + j, k0 == 0));
+    let mut acc: [__m256; 4] = std::array::from_fn(|j| {
+        if j < RN {
+            load_acc(out, n, g, t + j, k0 == 0)
+        } else {
+            _mm256_setzero_ps()
+        }
+    });
     let wg = &c.w[g * nb + k0..][..kb];
-    let toks: [&[<P::F as Fmt>::A]; RN] = std::array::from_fn(|j| &c.a[(t + j) * nb + k0..][..kb]);
-    let tsc: [&[<P::F as Fmt>::AS]; RN] =
-        std::array::from_fn(|j| &c.sc[(t - c.t0 + j) * kb..][..kb]);
+    let tok = |j: usize| -> TokenBlocks<'_, P> {
+        let j = j.min(RN - 1);
+        (
+            &c.a[(t + j) * nb + k0..][..kb],
+            &c.sc[(t - c.t0 + j) * kb..][..kb],
+        )
+    };
+    let (t0, t1, t2, t3) = (tok(0), tok(1), tok(2), tok(3));
     for (b, p) in wg.iter().enumerate() {
         // SAFETY: avx2, fma, f16c as this function.
         let (vals, sc) = unsafe { (P::values(p), P::scales(p)) };
-        for j in 0..RN {
+        let token = |acc: &mut __m256, (a, s): TokenBlocks<'_, P>| {
+            let s = &s[b];
             // SAFETY: avx512vnni and avx512vl by contract.
-            let sumi = unsafe { isum(&vals, toks[j][b].qs()) };
-            acc[j] = step::<P::F>(acc[j], sumi, sc, &tsc[j][b]);
+            let sumi = unsafe { isum_bcast(&vals, a[b].qs(), P::corr(s)) };
+            *acc = step_corrected::<P::F>(*acc, sumi, sc, s);
+        };
+        token(&mut acc[0], t0);
+        if RN > 1 {
+            token(&mut acc[1], t1);
+        }
+        if RN > 2 {
+            token(&mut acc[2], t2);
+        }
+        if RN > 3 {
+            token(&mut acc[3], t3);
         }
     }
-    for (j, acc) in acc.iter().enumerate() {
+    for (j, acc) in acc.iter().take(RN).enumerate() {
         store_acc(out, n, g, t + j, *acc);
     }
 }
