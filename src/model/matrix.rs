@@ -307,7 +307,7 @@ fn product<W: WeightFormat>(
         });
     } else {
         let mm = W::matmul(k);
-        pool.run_split(out, n_tok, &|_, rows, o| {
+        pool.run_split_coarse(out, n_tok, &|_, rows, o| {
             mm(&w[rows.start * nb..rows.end * nb], a, n_tok, o)
         });
     }
@@ -334,7 +334,7 @@ fn product_packed<P: PackedWeightFormat>(
         });
     } else {
         let mm = P::matmul(pk);
-        pool.run_split(out, unit, &|_, groups, o| {
+        pool.run_split_coarse(out, unit, &|_, groups, o| {
             mm(&w[groups.start * nb..groups.end * nb], a, n_tok, o)
         });
     }

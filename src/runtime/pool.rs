@@ -27,6 +27,11 @@ pub const MAX_THREADS: usize = 64;
 /// Chunks per thread in a split section: enough that a stalled thread's share is small and
 /// can be taken over, few enough that claiming stays negligible.
 const CHUNKS_PER_THREAD: usize = 4;
+/// The same for [`Pool::run_split_coarse`]'s sections (a prompt's matrix products): each
+/// chunk of a product converts the activations' scales again and sweeps its rows over all of
+/// the chunk's tokens, so there smaller chunks cost more than they save (SmolLM2, 64-token
+/// chunks, 2 threads: prompt processing 1060 t/s at 4 chunks per thread, 1300 at 2).
+const COARSE_CHUNKS_PER_THREAD: usize = 2;
 /// Most chunks of one section.
 pub const MAX_CHUNKS: usize = MAX_THREADS * CHUNKS_PER_THREAD;
 const _: () = assert!(
@@ -267,9 +272,28 @@ impl Pool {
     /// unit`), a few per thread ([`split`] into chunks), and runs `f(tid, items, piece)` for
     /// each piece on whichever thread claims it. No allocation.
     pub fn run_split<T: Send>(&self, out: &mut [T], unit: usize, f: &SplitFn<'_, T>) {
-        self.run_split_scratch(out, unit, &mut [] as &mut [T], 0, &|tid, r, piece, _| {
-            f(tid, r, piece)
-        });
+        self.split_in(
+            out,
+            unit,
+            CHUNKS_PER_THREAD,
+            &mut [] as &mut [T],
+            0,
+            &|tid, r, piece, _| f(tid, r, piece),
+        );
+    }
+
+    /// As [`Pool::run_split`] in fewer, larger chunks: for sections whose chunks each repeat
+    /// some set-up over all of the section's input (a prompt's matrix products).
+    pub fn run_split_coarse<T: Send>(&self, out: &mut [T], unit: usize, f: &SplitFn<'_, T>) {
+        let coarse = COARSE_CHUNKS_PER_THREAD;
+        self.split_in(
+            out,
+            unit,
+            coarse,
+            &mut [] as &mut [T],
+            0,
+            &|tid, r, piece, _| f(tid, r, piece),
+        );
     }
 
     /// As [`Pool::run_split`], and each thread also gets its own `per_thread`-long piece of
@@ -278,6 +302,19 @@ impl Pool {
         &self,
         out: &mut [T],
         unit: usize,
+        scratch: &mut [S],
+        per_thread: usize,
+        f: &SplitScratchFn<'_, T, S>,
+    ) {
+        self.split_in(out, unit, CHUNKS_PER_THREAD, scratch, per_thread, f);
+    }
+
+    /// [`Pool::run_split_scratch`] in `chunks_per_thread` chunks per thread.
+    fn split_in<T: Send, S: Send>(
+        &self,
+        out: &mut [T],
+        unit: usize,
+        chunks_per_thread: usize,
         scratch: &mut [S],
         per_thread: usize,
         f: &SplitScratchFn<'_, T, S>,
@@ -296,7 +333,7 @@ impl Pool {
         let n_chunks = if nth == 1 {
             1
         } else {
-            n_items.min(nth * CHUNKS_PER_THREAD)
+            n_items.min(nth * chunks_per_thread.clamp(1, CHUNKS_PER_THREAD))
         };
         // Uncontended mutexes hand out the `&mut` pieces without `unsafe`: one per chunk (each
         // claimed once) and one per thread's scratch (a thread runs its chunks in turn).
