@@ -259,4 +259,6 @@ fn avx512vnni_gives_the_bits_of_avx2() {
     check_same_bits::<BlockQ4_0>(a, b);
     check_same_bits::<BlockQ4_1>(a, b);
     check_same_bits::<BlockQ8_0>(a, b);
+    check_same_bits::<BlockQ5_0>(a, b);
+    check_same_bits::<BlockQ5_1>(a, b);
 }

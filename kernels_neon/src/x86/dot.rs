@@ -168,6 +168,62 @@ vnni_accumulate!(
     "vpdpwssd"
 );
 
+/// `vals · y` per lane (exact), minus `*corr` when there is one: [`isum`] with each group of
+/// four activation bytes broadcast from memory by the product itself (EVEX embedded broadcast),
+/// so a granule costs one instruction instead of a load, a broadcast and the product. Written
+/// as `asm!` for the reason [`dpbusd`] is. In a prompt tile the instructions per block, not
+/// the products' throughput, bounded the speed.
+///
+/// # Safety
+/// avx512vnni and avx512vl besides this function's features.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn isum_bcast(vals: &[__m256i; 8], y: &[i8; 32], corr: Option<&i32>) -> __m256i {
+    let s: __m256i;
+    let y = y.as_ptr();
+    macro_rules! products {
+        ($($tail:literal),*) => {
+            // SAFETY: the caller guarantees avx512vnni and avx512vl (EVEX `vpdpbusd`, embedded
+            // broadcasts); every load is 4 bytes at `y + 4j` (j < 8) of the 32-byte `y`, or the
+            // `i32` behind `corr`; registers only otherwise, no stack, flags untouched.
+            unsafe {
+                std::arch::asm!(
+                    "vpxor {a}, {a}, {a}",
+                    "vpxor {b}, {b}, {b}",
+                    "vpdpbusd {a}, {v0}, dword ptr [{y}]{{1to8}}",
+                    "vpdpbusd {b}, {v1}, dword ptr [{y} + 4]{{1to8}}",
+                    "vpdpbusd {a}, {v2}, dword ptr [{y} + 8]{{1to8}}",
+                    "vpdpbusd {b}, {v3}, dword ptr [{y} + 12]{{1to8}}",
+                    "vpdpbusd {a}, {v4}, dword ptr [{y} + 16]{{1to8}}",
+                    "vpdpbusd {b}, {v5}, dword ptr [{y} + 20]{{1to8}}",
+                    "vpdpbusd {a}, {v6}, dword ptr [{y} + 24]{{1to8}}",
+                    "vpdpbusd {b}, {v7}, dword ptr [{y} + 28]{{1to8}}",
+                    "vpaddd {a}, {a}, {b}",
+                    $($tail,)*
+                    a = out(ymm_reg) s,
+                    b = out(ymm_reg) _,
+                    v0 = in(ymm_reg) vals[0],
+                    v1 = in(ymm_reg) vals[1],
+                    v2 = in(ymm_reg) vals[2],
+                    v3 = in(ymm_reg) vals[3],
+                    v4 = in(ymm_reg) vals[4],
+                    v5 = in(ymm_reg) vals[5],
+                    v6 = in(ymm_reg) vals[6],
+                    v7 = in(ymm_reg) vals[7],
+                    y = in(reg) y,
+                    c = in(reg) corr.map_or(std::ptr::null(), |c| c as *const i32),
+                    options(pure, readonly, nostack, preserves_flags)
+                )
+            }
+        };
+    }
+    match corr {
+        Some(_) => products!("vpsubd {a}, {a}, dword ptr [{c}]{{1to8}}"),
+        None => products!("/* no correction: {c} */"),
+    }
+    s
+}
+
 /// [`isum_q4`] through [`dpbusd`]: each row's low and high halves accumulated in i32 lanes
 /// directly (`[a0 a1 a2 a3 | b..]`, as `madd` gives them), then the same reduction.
 ///
@@ -258,6 +314,15 @@ fn unpack_q5<B: Nibbles + FifthBits>(a: &B, b: &B) -> (__m256i, __m256i) {
     let (lo, hi) = nibbles2(a.qs(), b.qs());
     let (h_lo, h_hi) = fifth_bits2(a.qh(), b.qh());
     (_mm256_or_si256(lo, h_lo), _mm256_or_si256(hi, h_hi))
+}
+
+/// One Q5_0 block's values (0..32), value `i` in byte `i`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn q5_0_values(w: &BlockQ5_0) -> __m256i {
+    // `[w | w]` halves of values 0..16 and 16..32: one copy of each.
+    let (lo, hi) = unpack_q5(w, w);
+    _mm256_permute2x128_si256::<0x20>(lo, hi)
 }
 
 /// The Q5 blocks' fifth bits, value `j`'s at bit `j` of the little-endian `qh`.

@@ -9,7 +9,7 @@
 //! it came through `vec_dot`, `matvec` or `matmul`: edges use smaller instances of the same
 //! tile (a group padded with zero rows, fewer tokens).
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_0Vnni, Vnni, dpbusd};
+use super::dot::{Fmt, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_0Vnni, Vnni, isum_bcast, q5_0_values};
 use super::simd::{load_i8x32, load_ps, store_ps};
 use crate::block::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::reference::{check_matmul, check_matvec};
@@ -286,6 +286,8 @@ pub(super) trait Repack: Fmt<A = BlockQ8_0> {
     /// # Safety
     /// Needs avx2, fma and f16c (as the `Fmt` functions).
     unsafe fn values(w: &Self::W) -> __m256i;
+    /// Where the activation block's correction ([`Fmt::as_corr`]) lies.
+    fn corr(s: &Self::AS) -> &i32;
 }
 
 impl Repack for Vnni<Q4_0> {
@@ -302,6 +304,23 @@ impl Repack for Vnni<Q4_0> {
         );
         _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
     }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> &i32 {
+        &s.1
+    }
+}
+
+impl Repack for Vnni<Q5_0> {
+    /// Values 0..16 (low nibbles and their fifth bits) in the low half, 16..32 in the high.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(w: &BlockQ5_0) -> __m256i {
+        q5_0_values(w)
+    }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> &i32 {
+        &s.1
+    }
 }
 
 impl Repack for Q8_0Vnni {
@@ -310,6 +329,10 @@ impl Repack for Q8_0Vnni {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn values(w: &BlockQ8_0) -> __m256i {
         _mm256_xor_si256(load_i8x32(&w.qs), _mm256_set1_epi8(-128))
+    }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> &i32 {
+        &s.1
     }
 }
 
@@ -324,8 +347,6 @@ struct Packed {
     d: [f32; 8],
 }
 
-/// Independent `vpdpbusd` accumulators per token in [`rtile`].
-const CHAINS: usize = 2;
 /// Blocks per repacked chunk (18 KiB on the stack).
 const RP_BLOCKS: usize = 64;
 
@@ -406,10 +427,11 @@ unsafe fn rtile<F: Repack, const RN: usize>(
     (r, rv, k0, t, t0): (usize, usize, usize, usize, usize),
     out: &mut [f32],
 ) {
+    const { assert!(RN >= 1 && RN <= 4) };
     let kb = pk.len();
-    let mut acc = [_mm256_setzero_ps(); RN];
+    let mut acc = [_mm256_setzero_ps(); 4];
     if k0 > 0 {
-        for (j, acc) in acc.iter_mut().enumerate() {
+        for (j, acc) in acc.iter_mut().enumerate().take(RN) {
             let mut l = [0.0f32; 8];
             for (k, l) in l.iter_mut().enumerate().take(rv) {
                 *l = out[(r + k) * n_tok + t + j];
@@ -417,47 +439,42 @@ unsafe fn rtile<F: Repack, const RN: usize>(
             *acc = load_ps(&l);
         }
     }
-    let mut toks: [&[BlockQ8_0]; RN] = [&[]; RN];
-    let mut tsc: [&[F::AS]; RN] = [&[]; RN];
-    for j in 0..RN {
-        toks[j] = &a[(t + j) * nb + k0..][..kb];
-        tsc[j] = &sc[(t - t0 + j) * kb..][..kb];
-    }
+    // The tile's tokens, written out one by one below so that their accumulators stay in
+    // registers (the ones past `RN` repeat the last token and are never used).
+    let tok = |j: usize| -> (&[BlockQ8_0], &[F::AS]) {
+        let j = j.min(RN - 1);
+        (
+            &a[(t + j) * nb + k0..][..kb],
+            &sc[(t - t0 + j) * kb..][..kb],
+        )
+    };
+    let toks = [tok(0), tok(1), tok(2), tok(3)];
     for (b, p) in pk.iter().enumerate() {
         // SAFETY: `p.d` is 8 readable f32; `loadu` has no alignment requirement.
         let wd = unsafe { _mm256_loadu_ps(p.d.as_ptr()) };
-        let mut q = [_mm256_setzero_si256(); 8];
-        for (qj, src) in q.iter_mut().zip(&p.q) {
-            // SAFETY: `src` is 32 readable bytes; `loadu` has no alignment requirement.
-            *qj = unsafe { _mm256_loadu_si256(src.as_ptr().cast()) };
-        }
-        for j in 0..RN {
-            let y = &toks[j][b].qs;
-            let s = &tsc[j][b];
-            // CHAINS independent sums (a chain of 8 `vpdpbusd` is latency-bound), added at
-            // the end: integers, so exact in any order.
-            let mut part = [_mm256_setzero_si256(); CHAINS];
-            for (i, &qi) in q.iter().enumerate() {
-                let y4 = i32::from_le_bytes([
-                    y[4 * i] as u8,
-                    y[4 * i + 1] as u8,
-                    y[4 * i + 2] as u8,
-                    y[4 * i + 3] as u8,
-                ]);
-                let c = &mut part[i % CHAINS];
-                // SAFETY: the caller guarantees avx512vnni and avx512vl.
-                *c = unsafe { dpbusd(*c, qi, _mm256_set1_epi32(y4)) };
-            }
-            let mut sumi = part[0];
-            for &p in &part[1..] {
-                sumi = _mm256_add_epi32(sumi, p);
-            }
-            sumi = _mm256_sub_epi32(sumi, _mm256_set1_epi32(F::as_corr(s)));
+        let q: [__m256i; 8] = std::array::from_fn(|i| {
+            // SAFETY: `p.q[i]` is 32 readable bytes; `loadu` has no alignment requirement.
+            unsafe { _mm256_loadu_si256(p.q[i].as_ptr().cast()) }
+        });
+        let token = |acc: &mut __m256, (y, s): (&[BlockQ8_0], &[F::AS])| {
+            let s = &s[b];
+            // SAFETY: the caller guarantees avx512vnni and avx512vl.
+            let sumi = unsafe { isum_bcast(&q, &y[b].qs, Some(F::corr(s))) };
             let scale = _mm256_mul_ps(wd, _mm256_set1_ps(F::as_d(s)));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, acc[j]);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), scale, *acc);
+        };
+        token(&mut acc[0], toks[0]);
+        if RN > 1 {
+            token(&mut acc[1], toks[1]);
+        }
+        if RN > 2 {
+            token(&mut acc[2], toks[2]);
+        }
+        if RN > 3 {
+            token(&mut acc[3], toks[3]);
         }
     }
-    for (j, acc) in acc.iter().enumerate() {
+    for (j, acc) in acc.iter().enumerate().take(RN) {
         let mut l = [0.0f32; 8];
         store_ps(&mut l, *acc);
         for (k, l) in l.iter().enumerate().take(rv) {
@@ -676,13 +693,12 @@ pub(crate) mod vnni {
         VNNI_MM_TOKS
     );
     kernels!(
-        @mm "AVX2 + AVX512-VNNI",
+        repacked "AVX2 + AVX512-VNNI",
         Vnni<Q5_0>,
         BlockQ5_0,
         BlockQ8_0,
         matmul_q5_0_q8_0,
-        VNNI_MM_GROUPS,
-        VNNI_MM_TOKS
+        VNNI_RP_TOKS
     );
     kernels!(
         @mm "AVX2 + AVX512-VNNI",

@@ -8,7 +8,7 @@
 //! sequence is [`super::matmul`]'s tile's, `fma(f32(sumi), d_w * d_a, acc)` (then
 //! `fma(m, s, acc)` for Q4_1), so the results are the AVX2 kernels' bits on the unpacked rows.
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0Vnni, dpbusd};
+use super::dot::{Fmt, Q4_0, Q4_1, Q8_0Vnni, dpbusd, isum_bcast};
 use super::matmul::chunk_scalars;
 use super::simd::{load_ph, store_ps};
 use crate::block::{
@@ -308,62 +308,6 @@ where
         acc = step::<P::F>(acc, sumi, unsafe { P::scales(p) }, s);
     }
     store_acc(out, 1, g, 0, acc);
-}
-
-/// `vals · y` per lane (exact), minus `*corr` when there is one: [`isum`] with each group of
-/// four activation bytes broadcast from memory by the product itself (EVEX embedded broadcast),
-/// so a granule costs one instruction instead of a load, a broadcast and the product. Written
-/// as `asm!` for the reason [`dpbusd`] is; in a prompt tile the instructions per block, not
-/// the products' throughput, bounded the speed.
-///
-/// # Safety
-/// avx512vnni and avx512vl besides this function's features.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn isum_bcast(vals: &[__m256i; 8], y: &[i8; 32], corr: Option<&i32>) -> __m256i {
-    let s: __m256i;
-    let y = y.as_ptr();
-    macro_rules! products {
-        ($($tail:literal),*) => {
-            // SAFETY: the caller guarantees avx512vnni and avx512vl (EVEX `vpdpbusd`, embedded
-            // broadcasts); every load is 4 bytes at `y + 4j` (j < 8) of the 32-byte `y`, or the
-            // `i32` behind `corr`; registers only otherwise, no stack, flags untouched.
-            unsafe {
-                std::arch::asm!(
-                    "vpxor {a}, {a}, {a}",
-                    "vpxor {b}, {b}, {b}",
-                    "vpdpbusd {a}, {v0}, dword ptr [{y}]{{1to8}}",
-                    "vpdpbusd {b}, {v1}, dword ptr [{y} + 4]{{1to8}}",
-                    "vpdpbusd {a}, {v2}, dword ptr [{y} + 8]{{1to8}}",
-                    "vpdpbusd {b}, {v3}, dword ptr [{y} + 12]{{1to8}}",
-                    "vpdpbusd {a}, {v4}, dword ptr [{y} + 16]{{1to8}}",
-                    "vpdpbusd {b}, {v5}, dword ptr [{y} + 20]{{1to8}}",
-                    "vpdpbusd {a}, {v6}, dword ptr [{y} + 24]{{1to8}}",
-                    "vpdpbusd {b}, {v7}, dword ptr [{y} + 28]{{1to8}}",
-                    "vpaddd {a}, {a}, {b}",
-                    $($tail,)*
-                    a = out(ymm_reg) s,
-                    b = out(ymm_reg) _,
-                    v0 = in(ymm_reg) vals[0],
-                    v1 = in(ymm_reg) vals[1],
-                    v2 = in(ymm_reg) vals[2],
-                    v3 = in(ymm_reg) vals[3],
-                    v4 = in(ymm_reg) vals[4],
-                    v5 = in(ymm_reg) vals[5],
-                    v6 = in(ymm_reg) vals[6],
-                    v7 = in(ymm_reg) vals[7],
-                    y = in(reg) y,
-                    c = in(reg) corr.map_or(std::ptr::null(), |c| c as *const i32),
-                    options(pure, readonly, nostack, preserves_flags)
-                )
-            }
-        };
-    }
-    match corr {
-        Some(_) => products!("vpsubd {a}, {a}, dword ptr [{c}]{{1to8}}"),
-        None => products!("/* no correction: {c} */"),
-    }
-    s
 }
 
 /// One token's activation blocks of a chunk and their scalars.
