@@ -669,8 +669,8 @@ kernels!(
 );
 
 /// The matrix-matrix products with the integer sums through `vpdpbusd`, for the
-/// `avx512vnni` table: Q4_0's and Q8_0's on repacked weights ([`run_repacked`]), Q4_1's,
-/// Q5_0's and Q5_1's on the tile. (`vec_dot` and `matvec` stay AVX2's: decoding is bound by memory, and the
+/// `avx512vnni` table: Q4_0's, Q5_0's and Q8_0's on repacked weights ([`run_repacked`]),
+/// Q4_1's and Q5_1's on the tile. (`vec_dot` and `matvec` stay AVX2's: decoding is bound by memory, and the
 /// `vpdpbusd` chain measured no faster there.)
 pub(crate) mod vnni {
     use super::*;

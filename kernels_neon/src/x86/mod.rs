@@ -104,7 +104,7 @@ pub(crate) const AVX2: Kernels = Kernels {
 };
 
 /// The AVX2 table with the quantized matrix-matrix products' integer sums through AVX512-VNNI
-/// `vpdpbusd` (256-bit, `asm!`), Q4_0 and Q8_0 on weights repacked per 8-row group:
+/// `vpdpbusd` (256-bit, `asm!`), Q4_0, Q5_0 and Q8_0 on weights repacked per 8-row group:
 /// bit-identical results, fewer instructions per block (prompt processing), and products over
 /// weights packed at load (`packed.rs`), which the engine uses for decoding. `vec_dot` and
 /// `matvec` over the file's layout are AVX2's. Handed out only
