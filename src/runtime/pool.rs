@@ -272,28 +272,21 @@ impl Pool {
     /// unit`), a few per thread ([`split`] into chunks), and runs `f(tid, items, piece)` for
     /// each piece on whichever thread claims it. No allocation.
     pub fn run_split<T: Send>(&self, out: &mut [T], unit: usize, f: &SplitFn<'_, T>) {
-        self.split_in(
-            out,
-            unit,
-            CHUNKS_PER_THREAD,
-            &mut [] as &mut [T],
-            0,
-            &|tid, r, piece, _| f(tid, r, piece),
-        );
+        self.split_plain(out, unit, CHUNKS_PER_THREAD, f);
     }
 
     /// As [`Pool::run_split`] in fewer, larger chunks: for sections whose chunks each repeat
     /// some set-up over all of the section's input (a prompt's matrix products).
     pub fn run_split_coarse<T: Send>(&self, out: &mut [T], unit: usize, f: &SplitFn<'_, T>) {
-        let coarse = COARSE_CHUNKS_PER_THREAD;
-        self.split_in(
-            out,
-            unit,
-            coarse,
-            &mut [] as &mut [T],
-            0,
-            &|tid, r, piece, _| f(tid, r, piece),
-        );
+        self.split_plain(out, unit, COARSE_CHUNKS_PER_THREAD, f);
+    }
+
+    /// [`Pool::split_in`] without scratch.
+    fn split_plain<T: Send>(&self, out: &mut [T], unit: usize, chunks: usize, f: &SplitFn<'_, T>) {
+        let no_scratch = &mut [] as &mut [T];
+        self.split_in(out, unit, chunks, no_scratch, 0, &|tid, r, piece, _| {
+            f(tid, r, piece)
+        });
     }
 
     /// As [`Pool::run_split`], and each thread also gets its own `per_thread`-long piece of
