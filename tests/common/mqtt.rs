@@ -19,25 +19,33 @@ pub fn free_port() -> u16 {
 }
 
 /// The first of `n` consecutive free loopback ports (the embedded broker listens on two).
+/// A port is handed out once per test process: two tests of one binary run side by side, and
+/// a port both drew would leave one test's broker talking to the other's.
 pub fn free_ports(n: u16) -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static DRAW: AtomicU32 = AtomicU32::new(0);
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static HANDED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
         .unwrap_or(32768)
         .clamp(12000, 65000);
     let (base, span) = (low - 10000, 10000 - u32::from(n));
-    // Different processes start at different places; draws in one process never repeat.
+    // Different processes start at different places (ports below the ephemeral range, so no
+    // outgoing connection takes one meanwhile).
     let seed = std::process::id().wrapping_mul(2654435761)
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-    for _ in 0..1000 {
-        let k = DRAW.fetch_add(1, Ordering::Relaxed);
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
+    for k in 0..1000u32 {
         let first = (base + (seed.wrapping_add(k.wrapping_mul(7919)) % span)) as u16;
-        let free = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok());
+        let ports = first..first + n;
+        let free = ports.clone().all(|p| {
+            !handed.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+        });
         if free {
+            handed.extend(ports);
             return first;
         }
     }
@@ -75,7 +83,7 @@ impl Mosquitto {
             format!("listener {port} 127.0.0.1\npersistence false\nlog_dest stderr\n{extra}"),
         )
         .unwrap();
-        let child = Command::new("mosquitto")
+        let mut child = Command::new("mosquitto")
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())
@@ -83,6 +91,11 @@ impl Mosquitto {
             .spawn()
             .expect("mosquitto (Debian package mosquitto; scripts/setup.sh installs it)");
         wait_listening(port, "mosquitto");
+        // Something else answering on the port while ours failed to bind would pass the wait
+        // and fail the test later for no visible reason.
+        std::thread::sleep(Duration::from_millis(50));
+        let exited = child.try_wait().ok().flatten();
+        assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
         Mosquitto {
             port,
             child,

@@ -61,6 +61,11 @@ impl Broker {
             assert!(Instant::now() < until, "mosquitto is not listening");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Something else answering on the port while ours failed to bind would pass the
+        // loop above and fail the test later for no visible reason.
+        std::thread::sleep(Duration::from_millis(50));
+        let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
     }
 
     /// SIGTERM (Mosquitto writes its persistence file), and waits for it to exit.
