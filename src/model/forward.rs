@@ -297,7 +297,7 @@ pub fn forward(
         // q, k, v = xn·Wq, xn·Wk, xn·Wv (+ bias)
         let a = prof.timed(Op::Quantize, || {
             ar.acts
-                .quantize(k, &ar.xn[..nd], n, need(&[&lw.wq, &lw.wk, &lw.wv]))
+                .quantize(k, pool, &ar.xn[..nd], n, need(&[&lw.wq, &lw.wk, &lw.wv]))
         });
         let parts = [
             (Op::AttnQ, &lw.wq, &mut ar.q, lw.bq),
@@ -390,7 +390,8 @@ pub fn forward(
         });
         // x += att·Wo
         let a = prof.timed(Op::Quantize, || {
-            ar.acts.quantize(k, &ar.att[..nqd], n, need(&[&lw.wo]))
+            ar.acts
+                .quantize(k, pool, &ar.att[..nqd], n, need(&[&lw.wo]))
         });
         prof.timed_bytes(Op::AttnOutput, lw.wo.bytes(), || {
             mat_into(k, pool, &lw.wo, &a, &mut ar.tmp, &mut ar.xn);
@@ -409,7 +410,7 @@ pub fn forward(
         // up = act(xn·Wgate) ⊙ xn·Wup
         let a = prof.timed(Op::Quantize, || {
             ar.acts
-                .quantize(k, &ar.xn[..nd], n, need(&[&lw.w_gate, &lw.w_up]))
+                .quantize(k, pool, &ar.xn[..nd], n, need(&[&lw.w_gate, &lw.w_up]))
         });
         match lw.gate_up.filter(|_| n == 1) {
             // Decoding: gate and up in one product, as q/k/v above; the gated unit reads
@@ -435,13 +436,14 @@ pub fn forward(
                     mat_into(k, pool, &lw.w_up, &a, &mut ar.tmp, &mut ar.up);
                 });
                 prof.timed(Op::Glu, || {
-                    glu_in_place(glu, &ar.gate[..nff], &mut ar.up[..nff]);
+                    glu_in_place(pool, glu, &ar.gate[..nff], &mut ar.up[..nff], n);
                 });
             }
         }
         // x += up·Wdown
         let a = prof.timed(Op::Quantize, || {
-            ar.acts.quantize(k, &ar.up[..nff], n, need(&[&lw.w_down]))
+            ar.acts
+                .quantize(k, pool, &ar.up[..nff], n, need(&[&lw.w_down]))
         });
         prof.timed_bytes(Op::FfnDown, lw.w_down.bytes(), || {
             mat_into(k, pool, &lw.w_down, &a, &mut ar.tmp, &mut ar.xn);
@@ -462,7 +464,7 @@ pub fn forward(
             rms_norm_rows(k, last, model.output_norm(), eps, &mut ar.xn[..d]);
         });
         let a = prof.timed(Op::Quantize, || {
-            ar.acts.quantize(k, &ar.xn[..d], 1, need(&[&output]))
+            ar.acts.quantize(k, pool, &ar.xn[..d], 1, need(&[&output]))
         });
         prof.timed_bytes(Op::Output, output.bytes(), || {
             matmul(k, pool, &output, &a, &mut ar.logits);
@@ -508,7 +510,8 @@ pub fn logits_rows(
         );
     });
     let a = prof.timed(Op::Quantize, || {
-        ar.acts.quantize(k, &ar.xn[..m * d], m, need(&[&output]))
+        ar.acts
+            .quantize(k, pool, &ar.xn[..m * d], m, need(&[&output]))
     });
     // Vocabulary rows per slice: as many as `tmp` holds for `m` tokens, in whole packed
     // groups (`tmp` holds at least `chunk × n_embd` floats, so a slice is never empty).
@@ -547,7 +550,21 @@ fn rms_norm_in_place(k: &Kernels, x: &mut [f32], w: &[f32], eps: f32, tmp: &mut 
 type Glu = fn(&[f32], &[f32], &mut [f32]);
 
 /// `up = act(gate) · up`, through the kernel (which takes separate in/out slices).
-fn glu_in_place(glu: Glu, gate: &[f32], up: &mut [f32]) {
+fn glu_in_place(pool: &Pool, glu: Glu, gate: &[f32], up: &mut [f32], n_tok: usize) {
+    // A prompt's tokens are split between the threads: each value's result depends on its
+    // own gate and up only.
+    if n_tok > 1 && pool.n_threads() > 1 {
+        let ff = up.len() / n_tok;
+        pool.run_split(up, ff, &|_, toks, u| {
+            glu_pieces(glu, &gate[toks.start * ff..toks.end * ff], u);
+        });
+    } else {
+        glu_pieces(glu, gate, up);
+    }
+}
+
+/// `up = glu(gate, up)` in place, on the calling thread.
+fn glu_pieces(glu: Glu, gate: &[f32], up: &mut [f32]) {
     // The kernel reads `up` and writes `out`; process in stack-sized pieces to avoid aliasing
     // without a heap buffer.
     let mut buf = [0.0f32; 256];

@@ -266,20 +266,27 @@ impl ActScratch {
     pub fn quantize<'s>(
         &'s mut self,
         k: &Kernels,
+        pool: &Pool,
         x: &'s [f32],
         n_tok: usize,
         need: ActNeed,
     ) -> Acts<'s> {
         let nb = x.len() / 32;
+        let nk = if need[2] { x.len() / QK_K } else { 0 };
         if need[0] {
-            (k.quantize_row_q8_0)(x, &mut self.q8_0[..nb]);
+            by_token(pool, x, n_tok, &mut self.q8_0[..nb], k.quantize_row_q8_0);
         }
         if need[1] {
-            (k.quantize_row_q8_1)(x, &mut self.q8_1[..nb]);
+            by_token(pool, x, n_tok, &mut self.q8_1[..nb], k.quantize_row_q8_1);
         }
-        let nk = if need[2] { x.len() / QK_K } else { 0 };
         if need[2] {
-            (k.more.quantize_row_q8_k)(x, &mut self.q8_k[..nk]);
+            by_token(
+                pool,
+                x,
+                n_tok,
+                &mut self.q8_k[..nk],
+                k.more.quantize_row_q8_k,
+            );
         }
         Acts {
             f32: x,
@@ -289,6 +296,26 @@ impl ActScratch {
             n_tok,
         }
     }
+}
+
+/// `quantize(x, out)` over `n_tok` token-major inputs, the tokens split between the pool's
+/// threads for a prompt (a block's quantization reads only its own values, so the bits are
+/// the same however the tokens are split); a single token is quantized on the caller's thread.
+fn by_token<B: Send>(
+    pool: &Pool,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [B],
+    quantize: fn(&[f32], &mut [B]),
+) {
+    if n_tok <= 1 || pool.n_threads() <= 1 {
+        quantize(x, out);
+        return;
+    }
+    let (cols, blocks) = (x.len() / n_tok, out.len() / n_tok);
+    pool.run_split(out, blocks, &|_, toks, piece| {
+        quantize(&x[toks.start * cols..toks.end * cols], piece);
+    });
 }
 
 fn product<W: WeightFormat>(

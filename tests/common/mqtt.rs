@@ -41,9 +41,9 @@ pub fn free_ports(n: u16) -> u16 {
     for k in 0..1000u32 {
         let first = (base + (seed.wrapping_add(k.wrapping_mul(7919)) % span)) as u16;
         let ports = first..first + n;
-        let free = ports.clone().all(|p| {
-            !handed.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
-        });
+        let free = ports
+            .clone()
+            .all(|p| !handed.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
         if free {
             handed.extend(ports);
             return first;

@@ -64,7 +64,10 @@ impl Broker {
         // Something else answering on the port while ours failed to bind would pass the
         // loop above and fail the test later for no visible reason.
         std::thread::sleep(Duration::from_millis(50));
-        let exited = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        let exited = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten());
         assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
     }
 
