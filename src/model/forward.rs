@@ -27,7 +27,7 @@
 //! Each op is timed into `Arena::prof` when profiling is on (one branch per op when off).
 
 use super::matrix::{
-    ActKind, ActNeed, ActScratch, Mat, matmul, transpose_into, transpose_into_lines,
+    ActKind, ActNeed, ActScratch, Mat, by_token, matmul, transpose_into, transpose_into_lines,
 };
 use super::{FfnAct, HParams, Model, RopeType};
 use crate::kv::KvCache;
@@ -549,18 +549,10 @@ fn rms_norm_in_place(k: &Kernels, x: &mut [f32], w: &[f32], eps: f32, tmp: &mut 
 /// A gated-unit kernel: `out = act(gate) · up`.
 type Glu = fn(&[f32], &[f32], &mut [f32]);
 
-/// `up = act(gate) · up`, through the kernel (which takes separate in/out slices).
+/// `up = act(gate) · up`, through the kernel (which takes separate in/out slices); a prompt's
+/// tokens split between the threads.
 fn glu_in_place(pool: &Pool, glu: Glu, gate: &[f32], up: &mut [f32], n_tok: usize) {
-    // A prompt's tokens are split between the threads: each value's result depends on its
-    // own gate and up only.
-    if n_tok > 1 && pool.n_threads() > 1 {
-        let ff = up.len() / n_tok;
-        pool.run_split(up, ff, &|_, toks, u| {
-            glu_pieces(glu, &gate[toks.start * ff..toks.end * ff], u);
-        });
-    } else {
-        glu_pieces(glu, gate, up);
-    }
+    by_token(pool, gate, n_tok, up, &|g, u| glu_pieces(glu, g, u));
 }
 
 /// `up = glu(gate, up)` in place, on the calling thread.

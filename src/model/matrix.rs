@@ -274,10 +274,10 @@ impl ActScratch {
         let nb = x.len() / 32;
         let nk = if need[2] { x.len() / QK_K } else { 0 };
         if need[0] {
-            by_token(pool, x, n_tok, &mut self.q8_0[..nb], k.quantize_row_q8_0);
+            by_token(pool, x, n_tok, &mut self.q8_0[..nb], &k.quantize_row_q8_0);
         }
         if need[1] {
-            by_token(pool, x, n_tok, &mut self.q8_1[..nb], k.quantize_row_q8_1);
+            by_token(pool, x, n_tok, &mut self.q8_1[..nb], &k.quantize_row_q8_1);
         }
         if need[2] {
             by_token(
@@ -285,7 +285,7 @@ impl ActScratch {
                 x,
                 n_tok,
                 &mut self.q8_k[..nk],
-                k.more.quantize_row_q8_k,
+                &k.more.quantize_row_q8_k,
             );
         }
         Acts {
@@ -298,23 +298,23 @@ impl ActScratch {
     }
 }
 
-/// `quantize(x, out)` over `n_tok` token-major inputs, the tokens split between the pool's
-/// threads for a prompt (a block's quantization reads only its own values, so the bits are
-/// the same however the tokens are split); a single token is quantized on the caller's thread.
-fn by_token<B: Send>(
+/// `f(x, out)` over `n_tok` token-major inputs, a prompt's tokens split between the pool's
+/// threads (for work where each output depends on its own token's inputs only, so the bits
+/// are the same however the tokens are split); a single token runs on the caller's thread.
+pub(super) fn by_token<B: Send>(
     pool: &Pool,
     x: &[f32],
     n_tok: usize,
     out: &mut [B],
-    quantize: fn(&[f32], &mut [B]),
+    f: &(dyn Fn(&[f32], &mut [B]) + Sync),
 ) {
-    if n_tok <= 1 || pool.n_threads() <= 1 {
-        quantize(x, out);
+    if n_tok <= 1 {
+        f(x, out);
         return;
     }
-    let (cols, blocks) = (x.len() / n_tok, out.len() / n_tok);
-    pool.run_split(out, blocks, &|_, toks, piece| {
-        quantize(&x[toks.start * cols..toks.end * cols], piece);
+    let (cols, unit) = (x.len() / n_tok, out.len() / n_tok);
+    pool.run_split(out, unit, &|_, toks, piece| {
+        f(&x[toks.start * cols..toks.end * cols], piece);
     });
 }
 
