@@ -52,12 +52,21 @@ pub fn free_ports(n: u16) -> u16 {
     panic!("no {n} free loopback ports below {low}");
 }
 
-fn wait_listening(port: u16, what: &str) {
+/// Waits for the Mosquitto `child` to listen on `port`, and checks it is still running then:
+/// something else answering on the port while ours failed to bind would pass the wait and
+/// fail the test later for no visible reason.
+pub fn wait_mosquitto(child: &mut Child, port: u16) {
     let until = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "{what} is not listening on {port}");
+        assert!(
+            Instant::now() < until,
+            "mosquitto is not listening on {port}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
+    std::thread::sleep(Duration::from_millis(50));
+    let exited = child.try_wait().ok().flatten();
+    assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
 }
 
 /// A Mosquitto broker, killed when dropped.
@@ -90,12 +99,7 @@ impl Mosquitto {
             .stderr(Stdio::null())
             .spawn()
             .expect("mosquitto (Debian package mosquitto; scripts/setup.sh installs it)");
-        wait_listening(port, "mosquitto");
-        // Something else answering on the port while ours failed to bind would pass the wait
-        // and fail the test later for no visible reason.
-        std::thread::sleep(Duration::from_millis(50));
-        let exited = child.try_wait().ok().flatten();
-        assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
+        wait_mosquitto(&mut child, port);
         Mosquitto {
             port,
             child,

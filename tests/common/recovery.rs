@@ -48,27 +48,17 @@ impl Broker {
     }
 
     pub fn up(&mut self) {
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&self.conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mosquitto (scripts/setup.sh installs it)");
-        self.child = Some(child);
-        let until = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < until, "mosquitto is not listening");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Something else answering on the port while ours failed to bind would pass the
-        // loop above and fail the test later for no visible reason.
-        std::thread::sleep(Duration::from_millis(50));
-        let exited = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
-        assert!(exited.is_none(), "mosquitto exited at start: {exited:?}");
+        // Held before the wait, so that a failed start is still killed on drop.
+        let child = self.child.insert(
+            Command::new("mosquitto")
+                .arg("-c")
+                .arg(&self.conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("mosquitto (scripts/setup.sh installs it)"),
+        );
+        super::mqtt::wait_mosquitto(child, self.port);
     }
 
     /// SIGTERM (Mosquitto writes its persistence file), and waits for it to exit.
