@@ -325,6 +325,9 @@ fn main() {
     packed_rows::<BlockQ4_0x8>("matvec_q4_0x8_q8_0", smol, &t, &mut rows);
     packed_rows::<BlockQ4_1x8>("matvec_q4_1x8_q8_1", smol, &t, &mut rows);
     packed_rows::<BlockQ8_0x8>("matvec_q8_0x8_q8_0", smol, &t, &mut rows);
+    // Q5_0: the 896-wide matrices of a Qwen2.5 0.5B Q4_K_M file (too narrow for a K-quant).
+    matvec_rows::<BlockQ5_0>("matvec_q5_0_q8_0", smol, None, &t, &mut rows);
+    packed_rows::<BlockQ5_0x8>("matvec_q5_0x8_q8_0", smol, &t, &mut rows);
     // The K-quants of a Q4_K_M file, at the 1.5B's shapes (a smoke run takes the smallest).
     let k_shapes = if full { &K_SHAPES[..] } else { &K_SHAPES[3..] };
     matvec_rows::<BlockQ4K>("matvec_q4_k_q8_k", k_shapes, None, &t, &mut rows);
@@ -334,6 +337,8 @@ fn main() {
     let mut mm = Vec::new();
     let mm_shape = if full { (1536, 1536) } else { (256, 1536) };
     matmul_rows::<BlockQ4_0, BlockQ4_0x8>("matmul_q4_0x8_q8_0", true, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ5_0, BlockQ5_0x8>("matmul_q5_0_q8_0", false, mm_shape, &t, &mut mm);
+    matmul_rows::<BlockQ5_0, BlockQ5_0x8>("matmul_q5_0x8_q8_0", true, mm_shape, &t, &mut mm);
     matmul_rows::<BlockQ4K, BlockQ4Kx8>("matmul_q4_k_q8_k", false, mm_shape, &t, &mut mm);
     matmul_rows::<BlockQ4K, BlockQ4Kx8>("matmul_q4_kx8_q8_k", true, mm_shape, &t, &mut mm);
     matmul_rows::<BlockQ6K, BlockQ6Kx8>("matmul_q6_k_q8_k", false, mm_shape, &t, &mut mm);

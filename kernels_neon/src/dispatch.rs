@@ -7,8 +7,8 @@
 
 use crate::block::{
     BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
-    BlockQ8K, PackedFormat, f16,
+    BlockQ5_0x8, BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8,
+    BlockQ8_1, BlockQ8K, PackedFormat, f16,
 };
 use crate::reference as r;
 use std::fmt;
@@ -369,9 +369,11 @@ pub struct PackedKernels {
     pub matvec_q4_0x8_q8_0: MatVecFn<BlockQ4_0x8, BlockQ8_0>,
     pub matvec_q4_1x8_q8_1: MatVecFn<BlockQ4_1x8, BlockQ8_1>,
     pub matvec_q8_0x8_q8_0: MatVecFn<BlockQ8_0x8, BlockQ8_0>,
+    pub matvec_q5_0x8_q8_0: MatVecFn<BlockQ5_0x8, BlockQ8_0>,
     pub matmul_q4_0x8_q8_0: MatMulFn<BlockQ4_0x8, BlockQ8_0>,
     pub matmul_q4_1x8_q8_1: MatMulFn<BlockQ4_1x8, BlockQ8_1>,
     pub matmul_q8_0x8_q8_0: MatMulFn<BlockQ8_0x8, BlockQ8_0>,
+    pub matmul_q5_0x8_q8_0: MatMulFn<BlockQ5_0x8, BlockQ8_0>,
 }
 
 /// The scalar references of the packed products (for tests; no path runs them for speed).
@@ -379,9 +381,11 @@ pub const PACKED_REFERENCE: PackedKernels = PackedKernels {
     matvec_q4_0x8_q8_0: r::matvec_packed_ref::<BlockQ4_0x8>,
     matvec_q4_1x8_q8_1: r::matvec_packed_ref::<BlockQ4_1x8>,
     matvec_q8_0x8_q8_0: r::matvec_packed_ref::<BlockQ8_0x8>,
+    matvec_q5_0x8_q8_0: r::matvec_packed_ref::<BlockQ5_0x8>,
     matmul_q4_0x8_q8_0: r::matmul_packed_ref::<BlockQ4_0x8>,
     matmul_q4_1x8_q8_1: r::matmul_packed_ref::<BlockQ4_1x8>,
     matmul_q8_0x8_q8_0: r::matmul_packed_ref::<BlockQ8_0x8>,
+    matmul_q5_0x8_q8_0: r::matmul_packed_ref::<BlockQ5_0x8>,
 };
 
 /// Products over packed K-quant weights ([`BlockQ4Kx8`], …) against Q8_K activations, shaped
@@ -463,6 +467,14 @@ packed_weight_format!(
     PACKED_REFERENCE,
     matvec_q8_0x8_q8_0,
     matmul_q8_0x8_q8_0
+);
+packed_weight_format!(
+    BlockQ5_0x8,
+    PackedKernels,
+    packed,
+    PACKED_REFERENCE,
+    matvec_q5_0x8_q8_0,
+    matmul_q5_0x8_q8_0
 );
 packed_weight_format!(
     BlockQ4Kx8,

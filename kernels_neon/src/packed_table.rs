@@ -1,6 +1,6 @@
 //! The entry points of a path's products over packed weights, written once for every path.
 
-/// Defines, in the invoking module, the six safe entry points of [`crate::PackedKernels`] over
+/// Defines, in the invoking module, the eight safe entry points of [`crate::PackedKernels`] over
 /// that module's `unsafe fn run::<P>(w, a, nb, n_tok, out)`, and `const PACKED` holding them.
 /// `$what` names the path in the docs; `$features` says what `run` needs, for the `SAFETY`
 /// comment: the table is reachable only through the path's `Kernels`, which
@@ -10,15 +10,18 @@ macro_rules! packed_table {
         packed_table!(@fns $what, BlockQ4_0x8, BlockQ8_0, matvec_q4_0x8_q8_0, matmul_q4_0x8_q8_0);
         packed_table!(@fns $what, BlockQ4_1x8, BlockQ8_1, matvec_q4_1x8_q8_1, matmul_q4_1x8_q8_1);
         packed_table!(@fns $what, BlockQ8_0x8, BlockQ8_0, matvec_q8_0x8_q8_0, matmul_q8_0x8_q8_0);
+        packed_table!(@fns $what, BlockQ5_0x8, BlockQ8_0, matvec_q5_0x8_q8_0, matmul_q5_0x8_q8_0);
 
         #[doc = concat!("The packed products of ", $what, " (run with ", $features, ").")]
         pub(crate) const PACKED: crate::dispatch::PackedKernels = crate::dispatch::PackedKernels {
             matvec_q4_0x8_q8_0,
             matvec_q4_1x8_q8_1,
             matvec_q8_0x8_q8_0,
+            matvec_q5_0x8_q8_0,
             matmul_q4_0x8_q8_0,
             matmul_q4_1x8_q8_1,
             matmul_q8_0x8_q8_0,
+            matmul_q5_0x8_q8_0,
         };
     };
     (@fns $what:literal, $p:ty, $a:ty, $mv:ident, $mm:ident) => {

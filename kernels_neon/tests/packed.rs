@@ -60,6 +60,7 @@ fn packing_moves_bytes_and_unpacking_gives_them_back() {
     roundtrip::<BlockQ4_0x8>();
     roundtrip::<BlockQ4_1x8>();
     roundtrip::<BlockQ8_0x8>();
+    roundtrip::<BlockQ5_0x8>();
     // The documented interleave, on one block: row k's qs[4c + i] at qs[32c + 4k + i].
     let rows: [BlockQ4_0; 8] = std::array::from_fn(|k| BlockQ4_0 {
         d: f16::from_f32(k as f32),
@@ -69,6 +70,20 @@ fn packing_moves_bytes_and_unpacking_gives_them_back() {
     assert_eq!(p.qs[32 + 4 * 3 + 2], rows[3].qs[4 + 2]);
     assert_eq!(p.qs[96 + 4 * 7 + 3], rows[7].qs[12 + 3]);
     assert_eq!(p.d[5], rows[5].d);
+    // Q5_0's fifth bits by granule byte: bit c of qh[4k + i] is row k's bit 4c + i, bit 4 + c
+    // its bit 16 + 4c + i.
+    let rows: [BlockQ5_0; 8] = std::array::from_fn(|k| BlockQ5_0 {
+        d: f16::from_f32(k as f32),
+        qh: (1u32 << (4 * 2 + 1) | 1 << (16 + 4 * 3 + k % 4)).to_le_bytes(),
+        qs: [0; 16],
+    });
+    let p = BlockQ5_0x8::pack(std::array::from_fn(|k| &rows[k]));
+    for k in 0..8 {
+        for i in 0..4 {
+            let want = u8::from(i == 1) << 2 | u8::from(i == k % 4) << 7;
+            assert_eq!(p.qh[4 * k + i], want, "row {k} byte {i}");
+        }
+    }
 }
 
 fn reference_is_the_row_reference<P: PackedFormat>() {
@@ -101,6 +116,7 @@ fn the_packed_reference_gives_the_row_reference_bits() {
     reference_is_the_row_reference::<BlockQ4_0x8>();
     reference_is_the_row_reference::<BlockQ4_1x8>();
     reference_is_the_row_reference::<BlockQ8_0x8>();
+    reference_is_the_row_reference::<BlockQ5_0x8>();
 }
 
 /// A path's packed product against its own unpacked product on `w` and `a`.
@@ -140,7 +156,7 @@ fn packed_equals_unpacked<P: PackedWeightFormat<Table = PackedKernels>>(
     }
 }
 
-/// Extreme integer values (every nibble 0 or 15, weights ±127/-128, activations ±127) with
+/// Extreme integer values (every nibble 0 or 15, Q5_0's fifth bits all, none or mixed, weights ±127/-128, activations ±127) with
 /// unit scales: the packed integer sums must be exact where the unpacked ones are.
 fn extremes(k: &Kernels, pk: &PackedKernels) {
     let one = f16::ONE;
@@ -171,6 +187,17 @@ fn extremes(k: &Kernels, pk: &PackedKernels) {
                 32
             ];
             check_same::<BlockQ4_1x8>(k, pk, &w1, &a1, shape);
+            for qh in [[0u8; 4], [0xff; 4], [0x0f, 0xf0, 0x55, 0xaa]] {
+                let w5 = vec![
+                    BlockQ5_0 {
+                        d: one,
+                        qh,
+                        qs: [nib; 16]
+                    };
+                    32
+                ];
+                check_same::<BlockQ5_0x8>(k, pk, &w5, &a0, shape);
+            }
         }
         for wq in [[127i8; 32], [-128; 32]] {
             let w8 = vec![BlockQ8_0 { d: one, qs: wq }; 32];
@@ -188,6 +215,7 @@ fn every_path_with_packed_products_gives_its_unpacked_bits() {
         packed_equals_unpacked::<BlockQ4_0x8>(k, &pk);
         packed_equals_unpacked::<BlockQ4_1x8>(k, &pk);
         packed_equals_unpacked::<BlockQ8_0x8>(k, &pk);
+        packed_equals_unpacked::<BlockQ5_0x8>(k, &pk);
         extremes(k, &pk);
         checked.push(p.name());
     }

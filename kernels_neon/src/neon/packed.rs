@@ -6,11 +6,14 @@
 //! `4j..4j+4` into four lanes: no pairwise reductions (`addp`) and one `fcvtl` for four rows'
 //! scales. Per (row, token) pair the float sequence is `dot.rs`'s pair form, so the results are
 //! the unpacked dotprod/i8mm products' bits. Q4 nibbles go into `sdot` as they are (0..15) and
-//! Q4_0's `-8` is taken off the exact integer sum as `8 * sum(y)`: the same integer.
+//! Q4_0's `-8` is taken off the exact integer sum as `8 * sum(y)`: the same integer (Q5_0's
+//! values 0..32 likewise, with `16 * sum(y)`).
 
 use super::dot::ActBlock;
 use super::fp16::{h2f_hi, h2f_lo, load_h8};
-use crate::block::{BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS};
+use crate::block::{
+    BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS,
+};
 use core::arch::aarch64::*;
 use core::arch::asm;
 
@@ -109,6 +112,46 @@ impl Pk for BlockQ4_1x8 {
     #[inline(always)]
     fn mins(p: &Self) -> [float32x4_t; 2] {
         f32x8(&p.m)
+    }
+}
+
+impl Pk for BlockQ5_0x8 {
+    type A = BlockQ8_0;
+    const HAS_MIN: bool = false;
+    const CORR: i32 = 16;
+    /// The nibbles as Q4's, each granule's fifth bits (bit `c` of `qh`'s byte for the low
+    /// nibble, bit `4 + c` for the high one) shifted to bit 4 and or-ed in: values 0..32.
+    #[inline(always)]
+    fn vals(p: &Self, h: usize) -> [[int8x16_t; 4]; 2] {
+        let [lo, hi] = q4_vals(&p.qs, h);
+        // SAFETY: `qh[16h..][..16]` is in bounds (h < 2); `ld1` has no alignment requirement;
+        // the rest are baseline NEON register intrinsics.
+        unsafe {
+            let bits = vld1q_u8(p.qh[16 * h..].as_ptr());
+            let b4 = vdupq_n_u8(0x10);
+            let low = [
+                vshlq_n_u8::<4>(bits),
+                vshlq_n_u8::<3>(bits),
+                vshlq_n_u8::<2>(bits),
+                vshlq_n_u8::<1>(bits),
+            ];
+            let high = [
+                bits,
+                vshrq_n_u8::<1>(bits),
+                vshrq_n_u8::<2>(bits),
+                vshrq_n_u8::<3>(bits),
+            ];
+            let with =
+                |v: int8x16_t, f: uint8x16_t| vorrq_s8(v, vreinterpretq_s8_u8(vandq_u8(f, b4)));
+            [
+                core::array::from_fn(|c| with(lo[c], low[c])),
+                core::array::from_fn(|c| with(hi[c], high[c])),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn scales(p: &Self) -> [float32x4_t; 2] {
+        f32x8(&p.d)
     }
 }
 

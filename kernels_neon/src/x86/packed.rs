@@ -8,11 +8,12 @@
 //! sequence is [`super::matmul`]'s tile's, `fma(f32(sumi), d_w * d_a, acc)` (then
 //! `fma(m, s, acc)` for Q4_1), so the results are the AVX2 kernels' bits on the unpacked rows.
 
-use super::dot::{Fmt, Q4_0, Q4_1, Q8_0Vnni, dpbusd, isum_bcast};
+use super::dot::{Fmt, Q4_0, Q4_1, Q5_0, Q8_0Vnni, dpbusd, isum_bcast};
 use super::matmul::chunk_scalars;
 use super::simd::{load_ph, store_ps};
 use crate::block::{
-    BlockQ4_0x8, BlockQ4_1x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS, PackedFormat,
+    BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, PACK_ROWS,
+    PackedFormat,
 };
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -82,6 +83,60 @@ impl Pk for BlockQ4_1x8 {
     #[inline]
     fn corr(_: &(f32, f32)) -> Option<&i32> {
         None
+    }
+}
+
+/// Granule `C` of a packed Q5_0 block: its nibbles `q` with their fifth bits from `h` (the
+/// block's `qh`, bit `C` of a byte for the low nibble, bit `4 + C` for the high one) moved to
+/// bit 4. `L = 4 - C` and `R = C` are the shifts that do it; 16-bit shifts are exact here, as
+/// no bit crosses into bit 4 of the neighbouring byte.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_granule<const L: i32, const R: i32>(q: __m256i, h: __m256i) -> (__m256i, __m256i) {
+    let (m, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    let lo = _mm256_or_si256(
+        _mm256_and_si256(q, m),
+        _mm256_and_si256(_mm256_slli_epi16::<L>(h), b4),
+    );
+    let hi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m),
+        _mm256_and_si256(_mm256_srli_epi16::<R>(h), b4),
+    );
+    (lo, hi)
+}
+
+impl Pk for BlockQ5_0x8 {
+    /// Values 0..32 with `16 * sum(y)` taken off, as the unpacked Q5_0 product.
+    type F = Q5_0;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn values(p: &Self) -> [__m256i; 8] {
+        // SAFETY: `qh` is 32 bytes and `qs[32c..32c+32]` is in bounds (c < 4); `loadu` needs
+        // no alignment.
+        let h = unsafe { _mm256_loadu_si256(p.qh.as_ptr().cast()) };
+        let mut q = [_mm256_setzero_si256(); 4];
+        for (c, q) in q.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *q = unsafe { _mm256_loadu_si256(p.qs[32 * c..].as_ptr().cast()) };
+        }
+        let g = [
+            q5_granule::<4, 0>(q[0], h),
+            q5_granule::<3, 1>(q[1], h),
+            q5_granule::<2, 2>(q[2], h),
+            q5_granule::<1, 3>(q[3], h),
+        ];
+        [
+            g[0].0, g[1].0, g[2].0, g[3].0, g[0].1, g[1].1, g[2].1, g[3].1,
+        ]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: &Self) -> (__m256, __m256) {
+        (load_ph(&p.d), _mm256_setzero_ps())
+    }
+    #[inline]
+    fn corr(s: &(f32, i32)) -> Option<&i32> {
+        Some(&s.1)
     }
 }
 
