@@ -53,6 +53,7 @@ fn matvec(m: &Mat<'_>, x: &[f32]) -> Vec<f32> {
         }
         MatData::Q4_0x8(w) => packed(w, x, &mut y),
         MatData::Q8_0x8(w) => packed(w, x, &mut y),
+        MatData::Q5_0x8(w) => packed(w, x, &mut y),
         MatData::Q4_1x8(w) => packed(w, x, &mut y),
         MatData::Q4Kx8(w) => packed(w, x, &mut y),
         MatData::Q5Kx8(w) => packed(w, x, &mut y),

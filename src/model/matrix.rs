@@ -4,8 +4,8 @@ use crate::gguf::TensorView;
 use crate::runtime::Pool;
 use kernels_neon::{
     BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
-    BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, BlockQ8_1,
-    BlockQ8K, Kernels, PACK_ROWS, PackedWeightFormat, QK_K, WeightFormat, f16,
+    BlockQ5_0x8, BlockQ5_1, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8,
+    BlockQ8_1, BlockQ8K, Kernels, PACK_ROWS, PackedWeightFormat, QK_K, WeightFormat, f16,
 };
 
 /// The data of a weight matrix: as stored in the GGUF file (row-major, `rows × cols`), or
@@ -25,6 +25,7 @@ pub enum MatData<'a> {
     Q4_0x8(&'a [BlockQ4_0x8]),
     Q4_1x8(&'a [BlockQ4_1x8]),
     Q8_0x8(&'a [BlockQ8_0x8]),
+    Q5_0x8(&'a [BlockQ5_0x8]),
     Q4Kx8(&'a [BlockQ4Kx8]),
     Q5Kx8(&'a [BlockQ5Kx8]),
     Q6Kx8(&'a [BlockQ6Kx8]),
@@ -72,7 +73,8 @@ impl Mat<'_> {
             | MatData::Q8_0(_)
             | MatData::Q5_0(_)
             | MatData::Q4_0x8(_)
-            | MatData::Q8_0x8(_) => ActKind::Q8_0,
+            | MatData::Q8_0x8(_)
+            | MatData::Q5_0x8(_) => ActKind::Q8_0,
             MatData::Q4_1(_) | MatData::Q5_1(_) | MatData::Q4_1x8(_) => ActKind::Q8_1,
             MatData::Q4K(_)
             | MatData::Q5K(_)
@@ -100,6 +102,7 @@ impl Mat<'_> {
             MatData::Q4_0x8(w) => std::mem::size_of_val(w),
             MatData::Q4_1x8(w) => std::mem::size_of_val(w),
             MatData::Q8_0x8(w) => std::mem::size_of_val(w),
+            MatData::Q5_0x8(w) => std::mem::size_of_val(w),
             MatData::Q4Kx8(w) => std::mem::size_of_val(w),
             MatData::Q5Kx8(w) => std::mem::size_of_val(w),
             MatData::Q6Kx8(w) => std::mem::size_of_val(w),
@@ -129,6 +132,7 @@ impl Mat<'_> {
             MatData::Q4_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
             MatData::Q4_1x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
             MatData::Q8_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
+            MatData::Q5_0x8(w) => super::packed::packed_row_f32(w, c / 32, r, out),
             MatData::Q4Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
             MatData::Q5Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
             MatData::Q6Kx8(w) => super::packed::packed_row_f32(w, c / QK_K, r, out),
@@ -173,6 +177,7 @@ impl<'a> Mat<'a> {
             MatData::Q4_0x8(w) => MatData::Q4_0x8(groups_of(w, nb, r0, r1)),
             MatData::Q4_1x8(w) => MatData::Q4_1x8(groups_of(w, nb, r0, r1)),
             MatData::Q8_0x8(w) => MatData::Q8_0x8(groups_of(w, nb, r0, r1)),
+            MatData::Q5_0x8(w) => MatData::Q5_0x8(groups_of(w, nb, r0, r1)),
             MatData::Q4Kx8(w) => MatData::Q4Kx8(groups_of(w, nk, r0, r1)),
             MatData::Q5Kx8(w) => MatData::Q5Kx8(groups_of(w, nk, r0, r1)),
             MatData::Q6Kx8(w) => MatData::Q6Kx8(groups_of(w, nk, r0, r1)),
@@ -192,6 +197,7 @@ impl<'a> Mat<'a> {
             MatData::Q4_0x8(_)
                 | MatData::Q4_1x8(_)
                 | MatData::Q8_0x8(_)
+                | MatData::Q5_0x8(_)
                 | MatData::Q4Kx8(_)
                 | MatData::Q5Kx8(_)
                 | MatData::Q6Kx8(_)
@@ -403,6 +409,7 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
         MatData::Q4_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4_1x8(w) => product_packed(k, pool, w, &a.q8_1[..n * nb], n, out),
         MatData::Q8_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
+        MatData::Q5_0x8(w) => product_packed(k, pool, w, &a.q8_0[..n * nb], n, out),
         MatData::Q4Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),
         MatData::Q5Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),
         MatData::Q6Kx8(w) => product_packed(k, pool, w, &a.q8_k[..n * nk], n, out),

@@ -1,12 +1,12 @@
 //! Weight matrices repacked at load into the kernels' interleaved layout (`BlockQ4_0x8`,
 //! `BlockQ4Kx8`, …), for kernel paths that have products over it (`Kernels::packed` for
-//! Q4_0, Q4_1 and Q8_0, `Kernels::packed_k` for Q4_K, Q5_K and Q6_K).
+//! Q4_0, Q4_1, Q8_0 and Q5_0, `Kernels::packed_k` for Q4_K, Q5_K and Q6_K).
 //!
 //! Decoding streams every weight once per token, so its speed is the speed of the matrix-vector
 //! product over memory. Interleaving eight rows lets one integer dot product fill eight lanes
 //! with eight rows' sums (no horizontal reduction, one load for eight scales), and storing the
 //! matrices in the order the forward pass reads them makes a token's weights nearly one
-//! sequential stream. Packing moves bytes only: the products give the same bits as over the
+//! sequential stream. Packing moves bits only: the products give the same bits as over the
 //! file's layout, so answers do not change.
 //!
 //! The packed copy replaces the mapped file in RAM: once packed, the file's pages of the tensor
@@ -16,8 +16,9 @@
 
 use super::matrix::{Mat, MatData};
 use kernels_neon::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5K,
-    BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS, PackedFormat, pack_matrix,
+    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
+    BlockQ5_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS,
+    PackedFormat, pack_matrix,
 };
 
 /// Where a packed tensor lives.
@@ -26,6 +27,7 @@ enum Slot {
     Q4_0(usize, usize),
     Q4_1(usize, usize),
     Q8_0(usize, usize),
+    Q5_0(usize, usize),
     Q4K(usize, usize),
     Q5K(usize, usize),
     Q6K(usize, usize),
@@ -37,6 +39,7 @@ pub struct Packed {
     q4_0: Vec<BlockQ4_0x8>,
     q4_1: Vec<BlockQ4_1x8>,
     q8_0: Vec<BlockQ8_0x8>,
+    q5_0: Vec<BlockQ5_0x8>,
     q4_k: Vec<BlockQ4Kx8>,
     q5_k: Vec<BlockQ5Kx8>,
     q6_k: Vec<BlockQ6Kx8>,
@@ -47,7 +50,7 @@ pub struct Packed {
 /// Which block formats to pack: those whose packed products the engine's kernel path has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Formats {
-    /// Q4_0, Q4_1, Q8_0 (`Kernels::packed`).
+    /// Q4_0, Q4_1, Q8_0, Q5_0 (`Kernels::packed`).
     pub legacy: bool,
     /// Q4_K, Q5_K, Q6_K (`Kernels::packed_k`).
     pub k_quants: bool,
@@ -90,7 +93,7 @@ impl Formats {
 /// Whether `m` can be packed: a quantized format of `formats`, whole groups of 8 rows.
 fn packable(m: &Mat<'_>, formats: Formats) -> bool {
     let wanted = match m.data {
-        MatData::Q4_0(_) | MatData::Q4_1(_) | MatData::Q8_0(_) => formats.legacy,
+        MatData::Q4_0(_) | MatData::Q4_1(_) | MatData::Q8_0(_) | MatData::Q5_0(_) => formats.legacy,
         MatData::Q4K(_) | MatData::Q5K(_) | MatData::Q6K(_) => formats.k_quants,
         _ => false,
     };
@@ -131,6 +134,7 @@ enum Job<'s, 'd> {
     Q4_0(&'s [BlockQ4_0], &'d mut [BlockQ4_0x8], usize),
     Q4_1(&'s [BlockQ4_1], &'d mut [BlockQ4_1x8], usize),
     Q8_0(&'s [BlockQ8_0], &'d mut [BlockQ8_0x8], usize),
+    Q5_0(&'s [BlockQ5_0], &'d mut [BlockQ5_0x8], usize),
     Q4K(&'s [BlockQ4K], &'d mut [BlockQ4Kx8], usize),
     Q5K(&'s [BlockQ5K], &'d mut [BlockQ5Kx8], usize),
     Q6K(&'s [BlockQ6K], &'d mut [BlockQ6Kx8], usize),
@@ -148,6 +152,10 @@ impl Job<'_, '_> {
                 bytemuck::cast_slice(w)
             }
             Job::Q8_0(w, out, nb) => {
+                pack_matrix(w, nb, out);
+                bytemuck::cast_slice(w)
+            }
+            Job::Q5_0(w, out, nb) => {
                 pack_matrix(w, nb, out);
                 bytemuck::cast_slice(w)
             }
@@ -197,7 +205,7 @@ impl Packed {
         release: &(dyn Fn(&[u8]) + Sync),
     ) -> Packed {
         let mut slots = vec![None; n_tensors];
-        let mut want = [0usize; 6];
+        let mut want = [0usize; 7];
         for (i, m) in mats {
             if !packable(m, formats) || slots[*i].is_some() {
                 continue;
@@ -206,9 +214,10 @@ impl Packed {
                 MatData::Q4_0(_) => (0, Slot::Q4_0, 32),
                 MatData::Q4_1(_) => (1, Slot::Q4_1, 32),
                 MatData::Q8_0(_) => (2, Slot::Q8_0, 32),
-                MatData::Q4K(_) => (3, Slot::Q4K, 256),
-                MatData::Q5K(_) => (4, Slot::Q5K, 256),
-                _ => (5, Slot::Q6K, 256),
+                MatData::Q5_0(_) => (3, Slot::Q5_0, 32),
+                MatData::Q4K(_) => (4, Slot::Q4K, 256),
+                MatData::Q5K(_) => (5, Slot::Q5K, 256),
+                _ => (6, Slot::Q6K, 256),
             };
             let n = m.rows / PACK_ROWS * (m.cols / block);
             slots[*i] = Some(slot(want[k], n));
@@ -220,21 +229,27 @@ impl Packed {
             q4_0: bytemuck::zeroed_vec(want[0]),
             q4_1: bytemuck::zeroed_vec(want[1]),
             q8_0: bytemuck::zeroed_vec(want[2]),
-            q4_k: bytemuck::zeroed_vec(want[3]),
-            q5_k: bytemuck::zeroed_vec(want[4]),
-            q6_k: bytemuck::zeroed_vec(want[5]),
+            q5_0: bytemuck::zeroed_vec(want[3]),
+            q4_k: bytemuck::zeroed_vec(want[4]),
+            q5_k: bytemuck::zeroed_vec(want[5]),
+            q6_k: bytemuck::zeroed_vec(want[6]),
             slots,
         };
         advise_huge_pages(&p.q4_0);
         advise_huge_pages(&p.q4_1);
         advise_huge_pages(&p.q8_0);
+        advise_huge_pages(&p.q5_0);
         advise_huge_pages(&p.q4_k);
         advise_huge_pages(&p.q5_k);
         advise_huge_pages(&p.q6_k);
         let mut jobs = Vec::new();
         {
-            let (mut q4_0, mut q4_1, mut q8_0) =
-                (&mut p.q4_0[..], &mut p.q4_1[..], &mut p.q8_0[..]);
+            let (mut q4_0, mut q4_1, mut q8_0, mut q5_0) = (
+                &mut p.q4_0[..],
+                &mut p.q4_1[..],
+                &mut p.q8_0[..],
+                &mut p.q5_0[..],
+            );
             let (mut q4_k, mut q5_k, mut q6_k) =
                 (&mut p.q4_k[..], &mut p.q5_k[..], &mut p.q6_k[..]);
             let mut done = vec![false; n_tensors];
@@ -263,6 +278,12 @@ impl Packed {
                             std::mem::take(&mut q8_0).split_at_mut(w.len() / PACK_ROWS);
                         q8_0 = rest;
                         steps(w, dst, nb, Job::Q8_0, &mut jobs);
+                    }
+                    MatData::Q5_0(w) => {
+                        let (dst, rest) =
+                            std::mem::take(&mut q5_0).split_at_mut(w.len() / PACK_ROWS);
+                        q5_0 = rest;
+                        steps(w, dst, nb, Job::Q5_0, &mut jobs);
                     }
                     MatData::Q4K(w) => {
                         let (dst, rest) =
@@ -308,6 +329,7 @@ impl Packed {
             Slot::Q4_0(s, n) => MatData::Q4_0x8(&self.q4_0[s..s + n]),
             Slot::Q4_1(s, n) => MatData::Q4_1x8(&self.q4_1[s..s + n]),
             Slot::Q8_0(s, n) => MatData::Q8_0x8(&self.q8_0[s..s + n]),
+            Slot::Q5_0(s, n) => MatData::Q5_0x8(&self.q5_0[s..s + n]),
             Slot::Q4K(s, n) => MatData::Q4Kx8(&self.q4_k[s..s + n]),
             Slot::Q5K(s, n) => MatData::Q5Kx8(&self.q5_k[s..s + n]),
             Slot::Q6K(s, n) => MatData::Q6Kx8(&self.q6_k[s..s + n]),
@@ -323,6 +345,7 @@ impl Packed {
             Slot::Q4_0(a, n)
             | Slot::Q4_1(a, n)
             | Slot::Q8_0(a, n)
+            | Slot::Q5_0(a, n)
             | Slot::Q4K(a, n)
             | Slot::Q5K(a, n)
             | Slot::Q6K(a, n) => (a, n),
@@ -342,6 +365,7 @@ impl Packed {
             Slot::Q4_0(..) => MatData::Q4_0x8(&self.q4_0[start..l + ln]),
             Slot::Q4_1(..) => MatData::Q4_1x8(&self.q4_1[start..l + ln]),
             Slot::Q8_0(..) => MatData::Q8_0x8(&self.q8_0[start..l + ln]),
+            Slot::Q5_0(..) => MatData::Q5_0x8(&self.q5_0[start..l + ln]),
             Slot::Q4K(..) => MatData::Q4Kx8(&self.q4_k[start..l + ln]),
             Slot::Q5K(..) => MatData::Q5Kx8(&self.q5_k[start..l + ln]),
             Slot::Q6K(..) => MatData::Q6Kx8(&self.q6_k[start..l + ln]),
@@ -351,7 +375,10 @@ impl Packed {
     /// The formats it holds packed matrices of.
     pub fn formats(&self) -> Formats {
         Formats {
-            legacy: !(self.q4_0.is_empty() && self.q4_1.is_empty() && self.q8_0.is_empty()),
+            legacy: !(self.q4_0.is_empty()
+                && self.q4_1.is_empty()
+                && self.q8_0.is_empty()
+                && self.q5_0.is_empty()),
             k_quants: !(self.q4_k.is_empty() && self.q5_k.is_empty() && self.q6_k.is_empty()),
         }
     }
@@ -368,6 +395,7 @@ impl Packed {
         let bytes = std::mem::size_of_val(&self.q4_0[..])
             + std::mem::size_of_val(&self.q4_1[..])
             + std::mem::size_of_val(&self.q8_0[..])
+            + std::mem::size_of_val(&self.q5_0[..])
             + std::mem::size_of_val(&self.q4_k[..])
             + std::mem::size_of_val(&self.q5_k[..])
             + std::mem::size_of_val(&self.q6_k[..]);
