@@ -1,4 +1,4 @@
-//! The packed layouts (`BlockQ4_0x8`, …): packing only moves bytes, the packed reference is
+//! The packed layouts (`BlockQ4_0x8`, …): packing only moves bits, the packed reference is
 //! the row reference bit for bit, and every path's packed products give that same path's
 //! unpacked products' bits, so packing weights at load changes no answer.
 
@@ -56,7 +56,7 @@ where
 }
 
 #[test]
-fn packing_moves_bytes_and_unpacking_gives_them_back() {
+fn packing_moves_bits_and_unpacking_gives_them_back() {
     roundtrip::<BlockQ4_0x8>();
     roundtrip::<BlockQ4_1x8>();
     roundtrip::<BlockQ8_0x8>();

@@ -92,19 +92,22 @@ impl Mosquitto {
             format!("listener {port} 127.0.0.1\npersistence false\nlog_dest stderr\n{extra}"),
         )
         .unwrap();
-        let mut child = Command::new("mosquitto")
+        let child = Command::new("mosquitto")
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("mosquitto (Debian package mosquitto; scripts/setup.sh installs it)");
-        wait_mosquitto(&mut child, port);
-        Mosquitto {
+        // Held before the wait, so that a broker that does not come up is killed on the
+        // way out of a failed wait too.
+        let mut m = Mosquitto {
             port,
             child,
             _dir: dir,
-        }
+        };
+        wait_mosquitto(&mut m.child, port);
+        m
     }
 }
 
