@@ -40,7 +40,12 @@ fn same_bits(what: &str, a: &[f32], b: &[f32]) {
 
 fn specs() -> Vec<SynthSpec> {
     let mut v = Vec::new();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
         for tied in [true, false] {
             // 304 rows of output: packed (tied, the embedding lookup reads the packed copy);
             // 300: the output stays in the file's layout, the layers are packed.
