@@ -67,7 +67,8 @@ fn greedy_with_margins(
 
 /// After each prompt, the logits of llama.cpp's top-10 tokens are within the tolerance of its
 /// default or precise path, and our top-1 is theirs unless theirs is a near-tie: on the shipped
-/// Q4_K_M file and on its Q4_0 and Q8_0 requantizations (packed at load, unlike the K-quants).
+/// Q4_K_M file (Q8_0, Q5_0, Q4_K and Q6_K matrices) and on its Q4_0 and Q8_0 requantizations,
+/// all packed at load on the paths with packed products.
 #[test]
 fn top_logits_match_llama_cpp_for_every_quant() {
     let data = common::read_json("gemma3/logits.json");
