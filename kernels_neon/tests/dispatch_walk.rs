@@ -254,14 +254,14 @@ fn check_packed_kernels(p: Path, pk: &PackedKernels) {
         &|w, a, _, o| matvec_q8_0x8_q8_0(w, a, o),
         true,
     );
-    check_packed::<BlockQ4_0x8>(p, "matmul_q4_0x8_q8_0", &matmul_q4_0x8_q8_0, false);
-    check_packed::<BlockQ4_1x8>(p, "matmul_q4_1x8_q8_1", &matmul_q4_1x8_q8_1, false);
     check_packed::<BlockQ5_0x8>(
         p,
         "matvec_q5_0x8_q8_0",
         &|w, a, _, o| matvec_q5_0x8_q8_0(w, a, o),
         true,
     );
+    check_packed::<BlockQ4_0x8>(p, "matmul_q4_0x8_q8_0", &matmul_q4_0x8_q8_0, false);
+    check_packed::<BlockQ4_1x8>(p, "matmul_q4_1x8_q8_1", &matmul_q4_1x8_q8_1, false);
     check_packed::<BlockQ8_0x8>(p, "matmul_q8_0x8_q8_0", &matmul_q8_0x8_q8_0, false);
     check_packed::<BlockQ5_0x8>(p, "matmul_q5_0x8_q8_0", &matmul_q5_0x8_q8_0, false);
 }

@@ -156,8 +156,9 @@ fn packed_equals_unpacked<P: PackedWeightFormat<Table = PackedKernels>>(
     }
 }
 
-/// Extreme integer values (every nibble 0 or 15, Q5_0's fifth bits all, none or mixed, weights ±127/-128, activations ±127) with
-/// unit scales: the packed integer sums must be exact where the unpacked ones are.
+/// Extreme integer values (every nibble 0 or 15, Q5_0's fifth bits all, none or mixed,
+/// weights ±127/-128, activations ±127) with unit scales: the packed integer sums must be exact
+/// where the unpacked ones are.
 fn extremes(k: &Kernels, pk: &PackedKernels) {
     let one = f16::ONE;
     let acts: [[i8; 32]; 3] = [
