@@ -273,29 +273,7 @@ const _: () = assert!(size_of::<BlockQ5_0x8>() == 8 * size_of::<BlockQ5_0>());
 const _: () = assert!(size_of::<BlockQ4_1x8>() == 8 * size_of::<BlockQ4_1>());
 const _: () = assert!(size_of::<BlockQ8_0x8>() == 8 * size_of::<BlockQ8_0>());
 
-impl Default for BlockQ4_0x8 {
-    fn default() -> Self {
-        Self::zeroed()
-    }
-}
-
-impl Default for BlockQ4_1x8 {
-    fn default() -> Self {
-        Self::zeroed()
-    }
-}
-
-impl Default for BlockQ5_0x8 {
-    fn default() -> Self {
-        Self::zeroed()
-    }
-}
-
-impl Default for BlockQ8_0x8 {
-    fn default() -> Self {
-        Self::zeroed()
-    }
-}
+zeroed_default!(BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ8_0x8);
 
 /// An interleaved layout of a block format: block `b` of rows `8g..8g+8` in one value.
 ///
