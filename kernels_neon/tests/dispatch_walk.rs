@@ -21,6 +21,10 @@ use common::*;
 use kernels_neon::dispatch::{MixFn, REFERENCE, ScoresFn};
 use kernels_neon::reference as r;
 use kernels_neon::*;
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
 /// `sum |x_i y_i|` of the dequantized operands: the scale of a dot product's rounding error.
 fn abs_dot<W: BlockFormat>(w: &[W], a: &[W::Activation]) -> f32 {
@@ -88,27 +92,59 @@ fn matvec_shapes(block_len: usize) -> Vec<(usize, usize)> {
     v
 }
 
-fn check_matvec<W: WeightFormat>(
+/// A matrix-vector case: weights, activation, the reference product and each row's tolerance.
+struct MatVecCase<W: BlockFormat> {
+    w: Vec<W>,
+    a: Vec<W::Activation>,
+    want: Vec<f32>,
+    tol: Vec<f32>,
+}
+
+/// The case of one format and shape, built once and shared by every path's walk: under qemu,
+/// quantizing and summing SmolLM2's LM head again for each path was most of the walk's time.
+fn matvec_case<W: WeightFormat + 'static>(rows: usize, nb: usize) -> Rc<MatVecCase<W>>
+where
+    W::Activation: 'static,
+{
+    thread_local! {
+        static CASES: RefCell<HashMap<(TypeId, usize, usize), Rc<dyn Any>>> = RefCell::default();
+    }
+    let key = (TypeId::of::<W>(), rows, nb);
+    if let Some(case) = CASES.with(|c| c.borrow().get(&key).cloned()) {
+        return case.downcast().expect("cases are keyed by their format");
+    }
+    let n = nb * W::BLOCK_LEN;
+    let w: Vec<W> = quant(&awkward(rows * n, (rows * 31 + nb) as u64));
+    let a: Vec<W::Activation> = quant(&f32_vec(n, nb as u64, 1.0));
+    let mut want = vec![0.0; rows];
+    r::matvec_ref(&w, &a, &mut want);
+    let tol = w
+        .chunks_exact(nb)
+        .map(|row| DOT_REL * nb as f32 * abs_dot(row, &a))
+        .collect();
+    let case = Rc::new(MatVecCase { w, a, want, tol });
+    CASES.with(|c| c.borrow_mut().insert(key, case.clone()));
+    case
+}
+
+fn check_matvec<W: WeightFormat + 'static>(
     path: Path,
     name: &str,
     fast: dispatch::MatVecFn<W, W::Activation>,
-) {
+) where
+    W::Activation: 'static,
+{
     for (rows, nb) in matvec_shapes(W::BLOCK_LEN) {
         let nb = blocks_of::<W>(nb);
-        let n = nb * W::BLOCK_LEN;
-        let w: Vec<W> = quant(&awkward(rows * n, (rows * 31 + nb) as u64));
-        let a: Vec<W::Activation> = quant(&f32_vec(n, nb as u64, 1.0));
-        let mut want = vec![0.0; rows];
-        r::matvec_ref(&w, &a, &mut want);
+        let case = matvec_case::<W>(rows, nb);
         let mut got = vec![f32::NAN; rows];
-        fast(&w, &a, &mut got);
-        for (i, row) in w.chunks_exact(nb).enumerate() {
-            let tol = DOT_REL * nb as f32 * abs_dot(row, &a);
+        fast(&case.w, &case.a, &mut got);
+        for (i, (&g, &want)) in got.iter().zip(&case.want).enumerate() {
             assert_close(
                 &format!("{path}/{name} {rows}x{nb} row {i}"),
-                got[i],
-                want[i],
-                tol,
+                g,
+                want,
+                case.tol[i],
             );
         }
     }
