@@ -1,4 +1,4 @@
-//! Faults under load, counted (issue #17): the broker stopped and started five times while
+//! Faults under load, counted: the broker stopped and started five times while
 //! requests stream in, and the daemon killed with SIGKILL at random moments while it answers
 //! (`EDGELLM_KILLS`, 10 by default; `EDGELLM_KILLS=100` for the figure in
 //! docs/reliability.md). Every request is answered, each with one answer (QoS 1 may bring the

@@ -1,4 +1,4 @@
-//! The fuzz targets' inputs replayed on stable (issue #17): every file of
+//! The fuzz targets' inputs replayed on stable: every file of
 //! `tests/fuzz/corpus/<target>/` (the seeds) and `tests/fuzz/regressions/<target>/` (each crash,
 //! hang or huge allocation a fuzz run found, kept after its fix) goes through the same harness
 //! the libFuzzer targets call, so `cargo test` keeps them fixed without nightly.

@@ -1,5 +1,5 @@
 //! A thousand requests over MQTT from twenty clients, with a serial port asking all the while,
-//! against `edgellm serve` and a real Mosquitto (issue #17, Load): every request gets exactly
+//! against `edgellm serve` and a real Mosquitto (load and no loss): every request gets exactly
 //! one final answer, `busy` comes only from a full queue, and the daemon's memory stays flat.
 //!
 //! Two rounds of 500: in the first the queue has room for every client's request at once, so

@@ -1,4 +1,4 @@
-//! A soak (issue #17): named sessions created, resumed and evicted under a small disk budget
+//! A soak: named sessions created, resumed and evicted under a small disk budget
 //! for `EDGELLM_SOAK_S` seconds (120 by default, the CI run; `EDGELLM_SOAK_S=1800` for the
 //! figure in docs/reliability.md), against `edgellm serve` and a real Mosquitto. Every turn is
 //! answered; after warm-up the resident size stays within 5% and the open descriptors do not

@@ -98,7 +98,7 @@ pub trait Core: Send {
     fn on_open(&mut self, _env: &mut dyn Env) {}
 }
 
-/// An `Env` in memory for tests of the cores (and the fuzz targets of the reliability issue):
+/// An `Env` in memory for tests of the cores (and the fuzz targets):
 /// written bytes collect in `out`, submitted requests in `submitted`. A request the service
 /// would refuse at submission ([`crate::service::check`]) is refused the same way.
 #[derive(Default)]

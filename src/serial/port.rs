@@ -2,7 +2,7 @@
 //! mode when asked, non-blocking reads and writes through tokio's `AsyncFd`.
 //!
 //! A pseudo-terminal takes every termios setting and paces nothing: the baud rate, parity and
-//! stop bits only matter on a real UART (the emulated board of the packaging issue has one).
+//! stop bits only matter on a real UART (the emulated board has one).
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};

@@ -1,4 +1,4 @@
-//! The fuzz harness of issue #17: one function per target, each feeding arbitrary bytes to a
+//! The fuzz harness: one function per target, each feeding arbitrary bytes to a
 //! real entry point of the library and checking what must hold for any input (a panic, an
 //! assertion failure, a hang or a huge allocation is a bug). Shared by the libFuzzer targets
 //! (`tests/fuzz/fuzz_targets/`, nightly) and by `tests/fuzz_regressions.rs`, which replays the
