@@ -145,6 +145,7 @@ fn every_key_reaches_the_layer_that_uses_it() {
         per_source = 9
         request_timeout_s = 30
         max_sessions = 8
+        format_max_row_items = 800
         [audit]
         max_bytes = "1M"
         texts = true
@@ -170,6 +171,7 @@ fn every_key_reaches_the_layer_that_uses_it() {
     assert_eq!((s.queue_depth, s.max_prompt_bytes), (4, 4096));
     assert_eq!(s.per_source, 4, "per_source is clamped to queue_depth");
     assert!(matches!(s.sessions, Sessions::Dir(_)));
+    assert_eq!(s.format_limits.max_row_items, 800);
     let l = c.limits();
     assert_eq!((l.max_payload, l.max_tokens), (1 << 20, 128));
     assert_eq!(l.timeout, Some(Duration::from_secs(30)));
@@ -498,6 +500,11 @@ fn limits_out_of_range_are_refused() {
         "[mqtt]\nmax_payload = \"17M\"\n",
         "mqtt.max_payload",
         "out of range",
+    );
+    assert_refused(
+        "[limits]\nformat_max_row_items = 10\n",
+        "limits.format_max_row_items",
+        "out of range 50..=100000",
     );
     assert_refused("[model]\nctx = 0\n", "model.ctx", "out of range");
     assert_refused("[model]\nthreads = 0\n", "model.threads", "out of range");

@@ -209,6 +209,12 @@ pub struct Limits {
     pub step_fuel: u64,
     /// Most lexer states (1–2 KB each): the memory bound.
     pub max_states: usize,
+    /// Most parse items in one position's row. A grammar's rows hold its branching at that
+    /// point (tens of items for the JSON schemas people write); an ambiguous grammar's grow
+    /// with every token, and each token costs in proportion, so this bounds a hostile
+    /// grammar's time (`start: start start | "a"` ends after 63 tokens in 0.7 s on an x86-64
+    /// core; the grammar engine's own bound of 2000 let it run 251 tokens, for 59 s).
+    pub max_row_items: usize,
 }
 
 impl Default for Limits {
@@ -219,6 +225,7 @@ impl Default for Limits {
             compile_fuel: 1_000_000,
             step_fuel: 200_000,
             max_states: 20_000,
+            max_row_items: 500,
         }
     }
 }
@@ -319,6 +326,7 @@ impl Grammars {
             step_lexer_fuel: limits.step_fuel,
             max_lexer_states: limits.max_states,
             max_grammar_size: limits.max_bytes.saturating_mul(8),
+            max_items_in_row: limits.max_row_items,
             ..ParserLimits::default()
         };
         Ok(Grammars {

@@ -284,6 +284,11 @@ impl Config {
             l.format_max_states,
             100..=10_000_000,
         )?;
+        in_range(
+            "limits.format_max_row_items",
+            l.format_max_row_items,
+            50..=100_000,
+        )?;
         Ok(())
     }
 }

@@ -372,6 +372,9 @@ pub struct LimitsConfig {
     pub format_step_fuel: u64,
     /// Most lexer states of one format (1–2 KB each).
     pub format_max_states: usize,
+    /// Most parse items at one position of a format (an ambiguous grammar's rows grow with
+    /// every token, and each token costs in proportion).
+    pub format_max_row_items: usize,
 }
 
 impl LimitsConfig {
@@ -409,6 +412,7 @@ impl Default for LimitsConfig {
             format_compile_fuel: d.compile_fuel,
             format_step_fuel: d.step_fuel,
             format_max_states: d.max_states,
+            format_max_row_items: d.max_row_items,
         }
     }
 }
@@ -422,6 +426,7 @@ impl LimitsConfig {
             compile_fuel: self.format_compile_fuel,
             step_fuel: self.format_step_fuel,
             max_states: self.format_max_states,
+            max_row_items: self.format_max_row_items,
         }
     }
 
