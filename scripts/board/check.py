@@ -638,9 +638,12 @@ def run(board, mqtt, cuts, rng):
         board.power_cut()
         stats["cut_at_a_write" if at_write else "cut_at_random"] = stats.get("cut_at_a_write" if at_write else "cut_at_random", 0) + 1
         stats["cuts"] += 1
+        # An answer the guest sent before the cut reaches its client within milliseconds: one
+        # second for all of them, not one each (the rest never come).
+        collect = time.monotonic() + 1
         for s, (q, p) in pending.items():
             try:
-                out, _ = p.communicate(timeout=1)
+                out, _ = p.communicate(timeout=max(0.0, collect - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
