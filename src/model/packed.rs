@@ -16,9 +16,8 @@
 
 use super::matrix::{Mat, MatData};
 use kernels_neon::{
-    BlockFormat, BlockQ4_0, BlockQ4_0x8, BlockQ4_1, BlockQ4_1x8, BlockQ4K, BlockQ4Kx8, BlockQ5_0,
-    BlockQ5_0x8, BlockQ5K, BlockQ5Kx8, BlockQ6K, BlockQ6Kx8, BlockQ8_0, BlockQ8_0x8, PACK_ROWS,
-    PackedFormat, pack_matrix,
+    BlockFormat, BlockQ4_0x8, BlockQ4_1x8, BlockQ4Kx8, BlockQ5_0x8, BlockQ5Kx8, BlockQ6Kx8,
+    BlockQ8_0x8, PACK_ROWS, PackedFormat, pack_matrix,
 };
 
 /// Where a packed tensor lives.
@@ -129,65 +128,28 @@ pub fn mem_available() -> Option<u64> {
 /// packing thread.
 const RELEASE_STEP: usize = 1 << 20;
 
-/// One step of packing: some groups of one matrix and where they go.
-enum Job<'s, 'd> {
-    Q4_0(&'s [BlockQ4_0], &'d mut [BlockQ4_0x8], usize),
-    Q4_1(&'s [BlockQ4_1], &'d mut [BlockQ4_1x8], usize),
-    Q8_0(&'s [BlockQ8_0], &'d mut [BlockQ8_0x8], usize),
-    Q5_0(&'s [BlockQ5_0], &'d mut [BlockQ5_0x8], usize),
-    Q4K(&'s [BlockQ4K], &'d mut [BlockQ4Kx8], usize),
-    Q5K(&'s [BlockQ5K], &'d mut [BlockQ5Kx8], usize),
-    Q6K(&'s [BlockQ6K], &'d mut [BlockQ6Kx8], usize),
-}
+/// One step of packing: some groups of one matrix packed into their place. It returns the
+/// source bytes it read, for the caller to release.
+type Job<'a> = Box<dyn FnOnce() -> &'a [u8] + Send + 'a>;
 
-impl Job<'_, '_> {
-    fn run(self, release: &(dyn Fn(&[u8]) + Sync)) {
-        let src: &[u8] = match self {
-            Job::Q4_0(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q4_1(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q8_0(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q5_0(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q4K(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q5K(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-            Job::Q6K(w, out, nb) => {
-                pack_matrix(w, nb, out);
-                bytemuck::cast_slice(w)
-            }
-        };
-        release(src);
-    }
-}
-
-/// Cuts matrix `w` (`nb` blocks per row) into steps, packing into `dst` (its slot).
-fn steps<'s, 'd, P: PackedFormat>(
-    w: &'s [P::Row],
-    dst: &'d mut [P],
+/// Cuts matrix `w` (`nb` blocks per row) into steps, packing into the front of `buf` (its
+/// format's buffer, which keeps the rest for the next matrix: slots were given out in this
+/// same order).
+fn steps<'a, P: PackedFormat>(
+    w: &'a [P::Row],
+    buf: &mut &'a mut [P],
     nb: usize,
-    job: fn(&'s [P::Row], &'d mut [P], usize) -> Job<'s, 'd>,
-    jobs: &mut Vec<Job<'s, 'd>>,
+    jobs: &mut Vec<Job<'a>>,
 ) {
+    let (dst, rest) = std::mem::take(buf).split_at_mut(w.len() / PACK_ROWS);
+    *buf = rest;
     let groups_per_step = (RELEASE_STEP / std::mem::size_of::<P>() / nb).max(1);
     let outs = dst.chunks_mut(nb * groups_per_step);
     for (step, out) in w.chunks(nb * PACK_ROWS * groups_per_step).zip(outs) {
-        jobs.push(job(step, out, nb));
+        jobs.push(Box::new(move || {
+            pack_matrix(step, nb, out);
+            bytemuck::cast_slice(step)
+        }));
     }
 }
 
@@ -242,8 +204,8 @@ impl Packed {
         advise_huge_pages(&p.q4_k);
         advise_huge_pages(&p.q5_k);
         advise_huge_pages(&p.q6_k);
-        let mut jobs = Vec::new();
         {
+            let mut jobs = Vec::new();
             let (mut q4_0, mut q4_1, mut q8_0, mut q5_0) = (
                 &mut p.q4_0[..],
                 &mut p.q4_1[..],
@@ -258,56 +220,19 @@ impl Packed {
                     continue;
                 }
                 let (nb, nk) = (m.cols / 32, m.cols / 256);
-                // Slots were given out in this same order: each matrix takes the front of the
-                // rest of its buffer.
                 match m.data {
-                    MatData::Q4_0(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q4_0).split_at_mut(w.len() / PACK_ROWS);
-                        q4_0 = rest;
-                        steps(w, dst, nb, Job::Q4_0, &mut jobs);
-                    }
-                    MatData::Q4_1(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q4_1).split_at_mut(w.len() / PACK_ROWS);
-                        q4_1 = rest;
-                        steps(w, dst, nb, Job::Q4_1, &mut jobs);
-                    }
-                    MatData::Q8_0(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q8_0).split_at_mut(w.len() / PACK_ROWS);
-                        q8_0 = rest;
-                        steps(w, dst, nb, Job::Q8_0, &mut jobs);
-                    }
-                    MatData::Q5_0(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q5_0).split_at_mut(w.len() / PACK_ROWS);
-                        q5_0 = rest;
-                        steps(w, dst, nb, Job::Q5_0, &mut jobs);
-                    }
-                    MatData::Q4K(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q4_k).split_at_mut(w.len() / PACK_ROWS);
-                        q4_k = rest;
-                        steps(w, dst, nk, Job::Q4K, &mut jobs);
-                    }
-                    MatData::Q5K(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q5_k).split_at_mut(w.len() / PACK_ROWS);
-                        q5_k = rest;
-                        steps(w, dst, nk, Job::Q5K, &mut jobs);
-                    }
-                    MatData::Q6K(w) => {
-                        let (dst, rest) =
-                            std::mem::take(&mut q6_k).split_at_mut(w.len() / PACK_ROWS);
-                        q6_k = rest;
-                        steps(w, dst, nk, Job::Q6K, &mut jobs);
-                    }
+                    MatData::Q4_0(w) => steps(w, &mut q4_0, nb, &mut jobs),
+                    MatData::Q4_1(w) => steps(w, &mut q4_1, nb, &mut jobs),
+                    MatData::Q8_0(w) => steps(w, &mut q8_0, nb, &mut jobs),
+                    MatData::Q5_0(w) => steps(w, &mut q5_0, nb, &mut jobs),
+                    MatData::Q4K(w) => steps(w, &mut q4_k, nk, &mut jobs),
+                    MatData::Q5K(w) => steps(w, &mut q5_k, nk, &mut jobs),
+                    MatData::Q6K(w) => steps(w, &mut q6_k, nk, &mut jobs),
                     _ => unreachable!("packable() admits only quantized matrices"),
                 }
             }
             let threads = threads.clamp(1, jobs.len().max(1));
-            let mut shares: Vec<Vec<Job<'_, '_>>> = (0..threads).map(|_| Vec::new()).collect();
+            let mut shares: Vec<Vec<Job<'_>>> = (0..threads).map(|_| Vec::new()).collect();
             for (n, job) in jobs.drain(..).enumerate() {
                 shares[n % threads].push(job);
             }
@@ -315,9 +240,9 @@ impl Packed {
             let mine = shares.next().unwrap_or_default();
             std::thread::scope(|s| {
                 for share in shares {
-                    s.spawn(move || share.into_iter().for_each(|j| j.run(release)));
+                    s.spawn(move || share.into_iter().for_each(|j| release(j())));
                 }
-                mine.into_iter().for_each(|j| j.run(release));
+                mine.into_iter().for_each(|j| release(j()));
             });
         }
         p
