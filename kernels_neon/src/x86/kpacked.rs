@@ -435,7 +435,7 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
     let sc: [__m256i; 4] = std::array::from_fn(|c| load32(scales, 32 * c));
     let every = I::flush_every(63).min(4);
     let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(0x03);
+    let m30 = _mm256_set1_epi8(0x30);
     let zero = _mm256_setzero_si256();
     let mut sumi = [zero; T];
     for n in 0..2 {
@@ -453,18 +453,19 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
                 let ql0 = load32(&p.ql, 32 * (16 * n + l4));
                 let ql1 = load32(&p.ql, 32 * (16 * n + 8 + l4));
                 let qh = load32(&p.qh, 32 * (8 * n + l4));
-                let high = |hb: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(hb, m2));
+                // Bits 2k, 2k + 1 of each byte of `qh` moved to bits 4, 5 (a 16-bit shift
+                // moves bits across the byte boundary only outside the mask).
+                let high = [
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                    _mm256_and_si256(qh, m30),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                ];
                 let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16::<2>(qh))),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                        high(_mm256_srli_epi16::<4>(qh)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        high(_mm256_srli_epi16::<6>(qh)),
-                    ),
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high[0]),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high[1]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high[2]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high[3]),
                 ];
                 for k in 0..4 {
                     for t in 0..T {
