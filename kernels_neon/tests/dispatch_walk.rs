@@ -102,10 +102,7 @@ struct MatVecCase<W: BlockFormat> {
 
 /// The case of one format and shape, built once and shared by every path's walk: under qemu,
 /// quantizing and summing SmolLM2's LM head again for each path was most of the walk's time.
-fn matvec_case<W: WeightFormat + 'static>(rows: usize, nb: usize) -> Rc<MatVecCase<W>>
-where
-    W::Activation: 'static,
-{
+fn matvec_case<W: WeightFormat>(rows: usize, nb: usize) -> Rc<MatVecCase<W>> {
     thread_local! {
         static CASES: RefCell<HashMap<(TypeId, usize, usize), Rc<dyn Any>>> = RefCell::default();
     }
@@ -127,13 +124,11 @@ where
     case
 }
 
-fn check_matvec<W: WeightFormat + 'static>(
+fn check_matvec<W: WeightFormat>(
     path: Path,
     name: &str,
     fast: dispatch::MatVecFn<W, W::Activation>,
-) where
-    W::Activation: 'static,
-{
+) {
     for (rows, nb) in matvec_shapes(W::BLOCK_LEN) {
         let nb = blocks_of::<W>(nb);
         let case = matvec_case::<W>(rows, nb);
