@@ -103,8 +103,10 @@ struct MatVecCase<W: BlockFormat> {
 /// The case of one format and shape, built once and shared by every path's walk: under qemu,
 /// quantizing and summing SmolLM2's LM head again for each path was most of the walk's time.
 fn matvec_case<W: WeightFormat>(rows: usize, nb: usize) -> Rc<MatVecCase<W>> {
+    /// Cases by (format, rows, blocks per row).
+    type Cases = HashMap<(TypeId, usize, usize), Rc<dyn Any>>;
     thread_local! {
-        static CASES: RefCell<HashMap<(TypeId, usize, usize), Rc<dyn Any>>> = RefCell::default();
+        static CASES: RefCell<Cases> = RefCell::default();
     }
     let key = (TypeId::of::<W>(), rows, nb);
     if let Some(case) = CASES.with(|c| c.borrow().get(&key).cloned()) {
