@@ -168,6 +168,29 @@ vnni_accumulate!(
     "vpdpwssd"
 );
 
+/// `(a & b) | c`, bitwise, in one `vpternlogd` (AVX-512 VL; `asm!` for the reason [`dpbusd`]
+/// is): a masked value merged with bits the mask leaves clear, one instruction instead of two.
+///
+/// # Safety
+/// avx512vl besides this function's features (the `avx512vnni` table's CPUs have it).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn and_or(a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+    let mut a = a;
+    // SAFETY: the caller guarantees avx512vl; the instruction only reads and writes the three
+    // registers. Truth table 0xEA: (A & B) | C, with A = 0xF0, B = 0xCC, C = 0xAA.
+    unsafe {
+        std::arch::asm!(
+            "vpternlogd {a}, {b}, {c}, 0xEA",
+            a = inout(ymm_reg) a,
+            b = in(ymm_reg) b,
+            c = in(ymm_reg) c,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    a
+}
+
 /// `vals · y` per lane (exact), minus `*corr` when there is one: [`isum`] with each group of
 /// four activation bytes broadcast from memory by the product itself (EVEX embedded broadcast),
 /// so a granule costs one instruction instead of a load, a broadcast and the product. Written

@@ -23,7 +23,7 @@
 //! - AVX-512 VNNI ([`Vnni`]): `vpdpbusd` straight into i32 lanes for a whole sub-block, then
 //!   one `vpmulld` by the scales; the mins through `vpdpwssd`.
 
-use super::dot::{dpbusd, dpwssd};
+use super::dot::{and_or, dpbusd, dpwssd};
 use super::simd::{load_ph, store_ps};
 use crate::block::{BlockQ4Kx8, BlockQ5Kx8, BlockQ6Kx8, BlockQ8K, PACK_ROWS};
 use crate::hint::prefetch_ahead;
@@ -64,6 +64,11 @@ trait Isa {
     /// # Safety
     /// As [`Isa::scale`].
     unsafe fn add_parts(a: __m256i, b: __m256i) -> __m256i;
+    /// `(a & mask) | high`: levels' low bits merged with their high bits.
+    ///
+    /// # Safety
+    /// As [`Isa::scale`].
+    unsafe fn merge(a: __m256i, mask: __m256i, high: __m256i) -> __m256i;
 }
 
 /// Independent partial sums per token and sub-block: one token alone would otherwise wait on
@@ -171,6 +176,11 @@ impl Isa for Avx2 {
         // SAFETY: avx2, as the caller guarantees.
         unsafe { _mm256_add_epi16(a, b) }
     }
+    #[inline(always)]
+    unsafe fn merge(a: __m256i, mask: __m256i, high: __m256i) -> __m256i {
+        // SAFETY: avx2, as the caller guarantees.
+        unsafe { _mm256_or_si256(_mm256_and_si256(a, mask), high) }
+    }
 }
 
 /// AVX-512 VNNI: `vpdpbusd` into i32 lanes, `vpmulld` by the scale, `vpdpwssd` for the mins.
@@ -211,6 +221,11 @@ impl Isa for Vnni {
     unsafe fn add_parts(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: avx2, as the caller guarantees.
         unsafe { _mm256_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn merge(a: __m256i, mask: __m256i, high: __m256i) -> __m256i {
+        // SAFETY: avx512vl, as the caller guarantees (the `avx512vnni` table).
+        unsafe { and_or(a, mask, high) }
     }
 }
 
@@ -461,12 +476,15 @@ unsafe fn q6_sums<I: Isa, const T: usize>(
                     _mm256_and_si256(qh, m30),
                     _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
                 ];
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high[0]),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high[1]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high[2]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high[3]),
-                ];
+                // SAFETY: passed on from the caller.
+                let q = unsafe {
+                    [
+                        I::merge(ql0, m4, high[0]),
+                        I::merge(ql1, m4, high[1]),
+                        I::merge(_mm256_srli_epi16::<4>(ql0), m4, high[2]),
+                        I::merge(_mm256_srli_epi16::<4>(ql1), m4, high[3]),
+                    ]
+                };
                 for k in 0..4 {
                     for t in 0..T {
                         let at = 128 * n + 32 * k + 4 * l4;
