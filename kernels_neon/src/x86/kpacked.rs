@@ -330,17 +330,24 @@ unsafe fn q45_sums<I: Isa, const T: usize>(
         for c in 0..8 {
             let ch = c % chains(T);
             let v = load32(qs, 32 * (8 * p + c));
-            let mut lo = _mm256_and_si256(v, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-            if let Some(qh) = qh {
-                let h = load32(qh, 32 * c);
-                let bit = |k: usize| {
-                    let m = _mm256_set1_epi8((1u8 << k) as i8);
-                    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, m), m), sixteen)
-                };
-                lo = _mm256_or_si256(lo, bit(2 * p));
-                hi = _mm256_or_si256(hi, bit(2 * p + 1));
-            }
+            let v_hi = _mm256_srli_epi16::<4>(v);
+            let (lo, hi) = match qh {
+                None => (_mm256_and_si256(v, m4), _mm256_and_si256(v_hi, m4)),
+                Some(qh) => {
+                    let h = load32(qh, 32 * c);
+                    let bit = |k: usize| {
+                        let m = _mm256_set1_epi8((1u8 << k) as i8);
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, m), m), sixteen)
+                    };
+                    // SAFETY: passed on from the caller.
+                    unsafe {
+                        (
+                            I::merge(v, m4, bit(2 * p)),
+                            I::merge(v_hi, m4, bit(2 * p + 1)),
+                        )
+                    }
+                }
+            };
             for t in 0..T {
                 unsafe {
                     plo[t][ch] = I::acc(plo[t][ch], lo, y4(ys[t], 64 * p + 4 * c));
