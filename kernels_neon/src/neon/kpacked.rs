@@ -277,7 +277,7 @@ unsafe fn q6_sums<I: Isa, const T: usize>(p: &BlockQ6Kx8, ys: &[&BlockQ8K; T]) -
     unsafe {
         let zero = vdupq_n_s32(0);
         let (mut sumi, mut off) = ([[zero; 2]; T], [[zero; 2]; T]);
-        let (m4, m2) = (vdupq_n_u8(0x0f), vdupq_n_u8(0x03));
+        let m2 = vdupq_n_u8(0x03);
         for h in 0..2 {
             let sc: [uint32x4_t; 4] =
                 core::array::from_fn(|c| vreinterpretq_u32_u8(load16(scales, 32 * c + 16 * h)));
@@ -290,18 +290,17 @@ unsafe fn q6_sums<I: Isa, const T: usize>(p: &BlockQ6Kx8, ys: &[&BlockQ8K; T]) -
                             let l4 = 4 * hh + c;
                             let ql = load16(&p.ql, 32 * (16 * n + 8 * (k & 1) + l4) + 16 * h);
                             let qh = load16(&p.qh, 32 * (8 * n + l4) + 16 * h);
-                            let lo = if k < 2 {
-                                vandq_u8(ql, m4)
-                            } else {
-                                vshrq_n_u8::<4>(ql)
-                            };
+                            // The level's two high bits alone in each byte, then shifted
+                            // in above its low nibble: `sli` keeps only the destination's
+                            // low four bits, so the low nibbles need no mask.
                             let hb = match k {
-                                0 => qh,
-                                1 => vshrq_n_u8::<2>(qh),
-                                2 => vshrq_n_u8::<4>(qh),
+                                0 => vandq_u8(qh, m2),
+                                1 => vandq_u8(vshrq_n_u8::<2>(qh), m2),
+                                2 => vandq_u8(vshrq_n_u8::<4>(qh), m2),
                                 _ => vshrq_n_u8::<6>(qh),
                             };
-                            vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8::<4>(vandq_u8(hb, m2))))
+                            let lo = if k < 2 { ql } else { vshrq_n_u8::<4>(ql) };
+                            vreinterpretq_s8_u8(vsliq_n_u8::<4>(lo, hb))
                         });
                         for t in 0..T {
                             let y = [y16(ys[t], 128 * n + 32 * k + 16 * hh)];
