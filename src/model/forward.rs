@@ -523,7 +523,15 @@ pub fn logits_rows(
             let slice = output.row_slice(r0, r1);
             let tmp = &mut ar.tmp[..slice.rows * m];
             matmul(k, pool, &slice, &a, tmp);
-            transpose_into_lines(tmp, slice.rows, m, &mut out[r0..], n_vocab);
+            transpose_into_lines(
+                pool,
+                tmp,
+                slice.rows,
+                m,
+                &mut out[..m * n_vocab],
+                n_vocab,
+                r0,
+            );
         }
     });
 }
@@ -581,7 +589,7 @@ fn mat_into(
         matmul(k, pool, m, a, &mut out[..m.rows]);
     } else {
         matmul(k, pool, m, a, &mut tmp[..m.rows * n]);
-        transpose_into(&tmp[..m.rows * n], m.rows, n, &mut out[..m.rows * n]);
+        transpose_into(pool, &tmp[..m.rows * n], m.rows, n, &mut out[..m.rows * n]);
     }
 }
 

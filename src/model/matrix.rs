@@ -419,35 +419,50 @@ pub fn matmul(k: &Kernels, pool: &Pool, m: &Mat<'_>, a: &Acts<'_>, out: &mut [f3
     }
 }
 
-/// `[row][tok]` → `[tok][row]`, in square tiles, each written one output line at a time (the
-/// plain double loop, and tiles walked along the input, stored to a new line per element and
-/// took ~7 % of prompt processing; with 1536 rows the lines of a tile also fell into two L1
-/// sets).
-pub fn transpose_into(src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
-    transpose_into_lines(src, rows, n_tok, &mut dst[..rows * n_tok], rows);
+/// `[row][tok]` → `[tok][row]` (the kernels write `[row][tok]`), the tokens split between the
+/// pool's threads: done by one thread while the others waited, the transpositions took ~8 %
+/// of a prompt's processing at two threads.
+pub fn transpose_into(pool: &Pool, src: &[f32], rows: usize, n_tok: usize, dst: &mut [f32]) {
+    transpose_into_lines(pool, src, rows, n_tok, &mut dst[..rows * n_tok], rows, 0);
 }
 
-/// As [`transpose_into`], token `t`'s values going to `dst[t * stride..][..rows]`: a slice of
-/// rows transposed into its columns of wider lines (a slice of the vocabulary's logits).
+/// As [`transpose_into`], into `n_tok` lines of `stride` (`dst`), token `t`'s values going to
+/// `dst[t * stride + col0..][..rows]`: a slice of rows transposed into its columns of wider
+/// lines (a slice of the vocabulary's logits).
 pub fn transpose_into_lines(
+    pool: &Pool,
     src: &[f32],
     rows: usize,
     n_tok: usize,
     dst: &mut [f32],
     stride: usize,
+    col0: usize,
+) {
+    assert!(col0 + rows <= stride && dst.len() == n_tok * stride);
+    let src = &src[..rows * n_tok];
+    pool.run_split(dst, stride, &|_, toks, lines| {
+        transpose_tokens(src, (rows, n_tok), toks, lines, (stride, col0));
+    });
+}
+
+/// Tokens `toks` of [`transpose_into_lines`], into their own lines: along 16-row tiles, each
+/// written one output line at a time (the plain double loop, and tiles walked along the
+/// input, stored to a new line per element and took ~7 % of prompt processing; with 1536 rows
+/// the lines of a tile also fell into two L1 sets).
+fn transpose_tokens(
+    src: &[f32],
+    (rows, n_tok): (usize, usize),
+    toks: std::ops::Range<usize>,
+    lines: &mut [f32],
+    (stride, col0): (usize, usize),
 ) {
     const TILE: usize = 16;
-    assert!(rows <= stride && (n_tok == 0 || (n_tok - 1) * stride + rows <= dst.len()));
-    let src = &src[..rows * n_tok];
     for r0 in (0..rows).step_by(TILE) {
         let r1 = (r0 + TILE).min(rows);
-        for t0 in (0..n_tok).step_by(TILE) {
-            let t1 = (t0 + TILE).min(n_tok);
-            for t in t0..t1 {
-                let d = &mut dst[t * stride + r0..t * stride + r1];
-                for (r, o) in (r0..r1).zip(d) {
-                    *o = src[r * n_tok + t];
-                }
+        for (i, t) in toks.clone().enumerate() {
+            let d = &mut lines[i * stride + col0 + r0..i * stride + col0 + r1];
+            for (r, o) in (r0..r1).zip(d) {
+                *o = src[r * n_tok + t];
             }
         }
     }
@@ -456,26 +471,45 @@ pub fn transpose_into_lines(
 #[cfg(test)]
 mod tests {
     use super::{transpose_into, transpose_into_lines};
+    use crate::runtime::Pool;
+
+    /// One thread and two: the tokens split between threads write the same lines.
+    fn pools() -> [Pool; 2] {
+        [Pool::new(1).unwrap(), Pool::new(2).unwrap()]
+    }
 
     #[test]
     fn a_slice_of_rows_transposes_into_its_columns_of_wider_lines() {
-        let (rows, n_tok, stride, col0) = (37, 5, 100, 40);
+        for pool in pools() {
+            for (rows, n_tok, stride, col0) in [(37, 5, 100, 40), (16, 9, 16, 0), (3, 1, 8, 5)] {
+                lines_case(&pool, rows, n_tok, stride, col0);
+            }
+        }
+    }
+
+    fn lines_case(pool: &Pool, rows: usize, n_tok: usize, stride: usize, col0: usize) {
         let src: Vec<f32> = (0..rows * n_tok).map(|i| i as f32).collect();
         let mut dst = vec![-1.0; n_tok * stride];
-        transpose_into_lines(&src, rows, n_tok, &mut dst[col0..], stride);
+        transpose_into_lines(pool, &src, rows, n_tok, &mut dst, stride, col0);
         for t in 0..n_tok {
             for c in 0..stride {
                 let want = match c.checked_sub(col0) {
                     Some(r) if r < rows => src[r * n_tok + t],
                     _ => -1.0,
                 };
-                assert_eq!(dst[t * stride + c], want, "t{t} c{c}");
+                assert_eq!(dst[t * stride + c], want, "{rows}x{n_tok} t{t} c{c}");
             }
         }
     }
 
     #[test]
     fn transpose_matches_the_definition_on_ragged_shapes() {
+        for pool in pools() {
+            ragged_shapes(&pool);
+        }
+    }
+
+    fn ragged_shapes(pool: &Pool) {
         for (rows, n_tok) in [
             (1, 1),
             (1, 37),
@@ -487,7 +521,7 @@ mod tests {
         ] {
             let src: Vec<f32> = (0..rows * n_tok).map(|i| i as f32).collect();
             let mut dst = vec![-1.0; rows * n_tok];
-            transpose_into(&src, rows, n_tok, &mut dst);
+            transpose_into(pool, &src, rows, n_tok, &mut dst);
             for r in 0..rows {
                 for t in 0..n_tok {
                     assert_eq!(
