@@ -118,7 +118,8 @@ fn isum_q4(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
     _mm256_add_epi32(t, _mm256_shuffle_epi32::<0b1011_0001>(t))
 }
 
-/// An AVX-512 VNNI accumulation on 256-bit registers (EVEX-encoded), `acc` updated in place.
+/// An AVX-512 instruction of three 256-bit registers (EVEX-encoded), the first (`acc`) read
+/// and written in place, with an optional immediate after them.
 ///
 /// Written as `asm!` because AVX-512 intrinsics and `target_feature`s need Rust 1.89 and the
 /// crate builds with 1.88; the register class `ymm_reg` (without avx512f enabled) only hands
@@ -126,12 +127,12 @@ fn isum_q4(g: &[__m256i; 4], (ylo, yhi): &(__m256i, __m256i)) -> __m256i {
 ///
 /// Each function's safety: the CPU must have avx512vnni and avx512vl (runtime-detected: only
 /// the `avx512vnni` table reaches these), besides the features of the enclosing function.
-macro_rules! vnni_accumulate {
-    ($(#[$m:meta])* $name:ident, $insn:literal) => {
+macro_rules! evex_in_place {
+    ($(#[$m:meta])* $name:ident, $insn:literal $(, $imm:literal)?) => {
         $(#[$m])*
         ///
         /// # Safety
-        /// See [`vnni_accumulate`].
+        /// See [`evex_in_place`].
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) unsafe fn $name(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
@@ -140,7 +141,7 @@ macro_rules! vnni_accumulate {
             // reads and writes the three registers (no memory, stack or flags).
             unsafe {
                 std::arch::asm!(
-                    concat!($insn, " {acc}, {a}, {b}"),
+                    concat!($insn, " {acc}, {a}, {b}" $(, ", ", $imm)?),
                     acc = inout(ymm_reg) acc,
                     a = in(ymm_reg) a,
                     b = in(ymm_reg) b,
@@ -152,7 +153,7 @@ macro_rules! vnni_accumulate {
     };
 }
 
-vnni_accumulate!(
+evex_in_place!(
     /// `acc + sum(u8(a[4k..4k+4]) * i8(b[4k..4k+4]))` in each i32 lane `k`: `vpdpbusd`. Exact,
     /// with no i16 intermediate, so it gives what `madd(maddubs(a, b), 1)` gives wherever
     /// `maddubs` does not saturate, plus `acc`.
@@ -160,7 +161,7 @@ vnni_accumulate!(
     "vpdpbusd"
 );
 
-vnni_accumulate!(
+evex_in_place!(
     /// `acc + madd(a, b)`: the signed i16 pairs' products summed into each i32 lane, by
     /// `vpdpwssd`; exactly `madd` + `add` where `madd` does not overflow (it cannot but for
     /// `-2^15 · -2^15` twice).
@@ -168,28 +169,14 @@ vnni_accumulate!(
     "vpdpwssd"
 );
 
-/// `(a & b) | c`, bitwise, in one `vpternlogd` (AVX-512 VL; `asm!` for the reason [`dpbusd`]
-/// is): a masked value merged with bits the mask leaves clear, one instruction instead of two.
-///
-/// # Safety
-/// avx512vl besides this function's features (the `avx512vnni` table's CPUs have it).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn and_or(a: __m256i, b: __m256i, c: __m256i) -> __m256i {
-    let mut a = a;
-    // SAFETY: the caller guarantees avx512vl; the instruction only reads and writes the three
-    // registers. Truth table 0xEA: (A & B) | C, with A = 0xF0, B = 0xCC, C = 0xAA.
-    unsafe {
-        std::arch::asm!(
-            "vpternlogd {a}, {b}, {c}, 0xEA",
-            a = inout(ymm_reg) a,
-            b = in(ymm_reg) b,
-            c = in(ymm_reg) c,
-            options(pure, nomem, nostack, preserves_flags)
-        )
-    };
-    a
-}
+evex_in_place!(
+    /// `(acc & a) | b`, bitwise, in one `vpternlogd` (truth table 0xEA: with the inputs' tables
+    /// 0xF0, 0xCC and 0xAA, `(0xF0 & 0xCC) | 0xAA`): a masked value merged with bits the mask
+    /// leaves clear, one instruction instead of two.
+    and_or,
+    "vpternlogd",
+    "0xEA"
+);
 
 /// `vals · y` per lane (exact), minus `*corr` when there is one: [`isum`] with each group of
 /// four activation bytes broadcast from memory by the product itself (EVEX embedded broadcast),
